@@ -1,0 +1,1 @@
+"""Reproduce multimodal-serving performance studies: variants, workloads, arms, report."""

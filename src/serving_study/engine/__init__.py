@@ -1,0 +1,1 @@
+"""The embedded engine: SGLang's request path, minus the model, on any Linux host."""
