@@ -1,0 +1,30 @@
+# One job per (arm, run): a fresh server under the arm's CPU quota, warm-up, the
+# measured window with monitors, teardown, and the run's metrics. Jobs run in seeded
+# shuffled blocks (run 1's arms, then run 2's, ...), and each takes the whole host so
+# that no other job disturbs a measurement.
+
+
+rule run_arm:
+    input:
+        variant=variant_of_arm,
+        workload=workload_of_arm,
+        host="results/{experiment}/host.json",
+    output:
+        metrics="results/{experiment}/{arm}/run{run}/metrics.json",
+        requests="results/{experiment}/{arm}/run{run}/requests.jsonl",
+        monitors="results/{experiment}/{arm}/run{run}/monitors.json",
+        provenance="results/{experiment}/{arm}/run{run}/provenance.json",
+        server_log="results/{experiment}/{arm}/run{run}/server.log",
+    log:
+        "results/logs/run_arm/{experiment}/{arm}/run{run}.log",
+    priority: arm_run_priority
+    conda:
+        "../envs/workflow.yaml"
+    threads: workflow.cores
+    params:
+        arm=lambda wildcards: ARMS[wildcards.arm],
+        engine=engine_settings(),
+        client=config["client"],
+        monitors=config["monitors"],
+    script:
+        "../scripts/run_arm.py"

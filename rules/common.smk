@@ -1,0 +1,110 @@
+# Helpers shared by every stage: the checked config, lookups by name, wildcard
+# constraints, the seeded order of the arms, and the lists of files each stage needs.
+# No rules live here.
+import random
+import re
+import sys
+from pathlib import Path
+
+PROJECT_ROOT = Path(workflow.basedir)
+sys.path.insert(0, str(PROJECT_ROOT / "src"))
+
+from serving_study.config import ConfigError, check_config
+
+
+try:
+    check_config(
+        config,
+        schema_path=PROJECT_ROOT / "config" / "config.schema.yaml",
+        config_files=workflow.configfiles,
+        project_root=PROJECT_ROOT,
+    )
+except ConfigError as error:
+    sys.exit(f"Config error (nothing was run):\n{error}")
+
+
+EXPERIMENT = config["experiment"]
+SOURCES = {source["name"]: source for source in config["sources"]}
+VARIANTS = {variant["name"]: variant for variant in config["variants"]}
+WORKLOADS = {workload["name"]: workload for workload in config["workloads"]}
+ARMS = {arm["name"]: arm for arm in config["arms"]}
+
+
+def one_of(names):
+    return "|".join(re.escape(name) for name in names)
+
+
+wildcard_constraints:
+    experiment=re.escape(EXPERIMENT),
+    source=one_of(SOURCES),
+    variant=one_of(VARIANTS),
+    workload=one_of(WORKLOADS),
+    arm=one_of(ARMS),
+    run=r"[1-9][0-9]*",
+
+
+def arm_runs():
+    """Every (arm, run) of the experiment, runs numbered from 1."""
+    return [(name, run) for name, arm in ARMS.items() for run in range(1, arm["runs"] + 1)]
+
+
+def run_directory(arm, run):
+    return f"results/{EXPERIMENT}/{arm}/run{run}"
+
+
+def run_metrics_files():
+    return [f"{run_directory(arm, run)}/metrics.json" for arm, run in arm_runs()]
+
+
+def arm_order(run):
+    """The arms of one run block, in an order shuffled by the config's seed."""
+    names = sorted(name for name, arm in ARMS.items() if arm["runs"] >= run)
+    random.Random(f"{config['seed']}-block-{run}").shuffle(names)
+    return names
+
+
+def arm_run_priority(wildcards):
+    """Higher runs first: block 1 in its shuffled order, then block 2, and so on."""
+    run = int(wildcards.run)
+    order = arm_order(run)
+    blocks = max(arm["runs"] for arm in ARMS.values())
+    return (blocks - run + 1) * (len(ARMS) + 1) + (len(order) - order.index(wildcards.arm))
+
+
+def source_of_variant(wildcards):
+    source = VARIANTS[wildcards.variant]["source"]
+    return f"resources/sources/{source}/identity.json"
+
+
+def patch_of_variant(wildcards):
+    patch = VARIANTS[wildcards.variant].get("patch")
+    return [patch] if patch else []
+
+
+def variant_of_arm(wildcards):
+    return f"results/variants/{ARMS[wildcards.arm]['variant']}.json"
+
+
+def workload_of_arm(wildcards):
+    return f"results/workloads/{ARMS[wildcards.arm]['workload']}/manifest.json"
+
+
+def engine_settings():
+    """What the arm runner needs to start a server of the configured engine."""
+    return {
+        "engine": config["engine"],
+        "runtime": config["runtime"],
+        "embedded": config["embedded_engine"],
+        "sglang": config["sglang"],
+    }
+
+
+def variant_identity_files():
+    return [f"results/variants/{name}.json" for name in VARIANTS]
+
+
+def final_outputs():
+    return [
+        f"results/{EXPERIMENT}/report.html",
+        f"results/{EXPERIMENT}/tables/arms.csv",
+    ]

@@ -1,0 +1,36 @@
+# Engine sources and variants: a pinned SGLang source (PyPI release, git commit or
+# local copy), and per variant that source with an optional patch applied. Each
+# variant's identity (source hash or commit, patch hash, patched mm_utils.py hash)
+# is written to results/variants/<variant>.json.
+
+
+rule fetch_source:
+    output:
+        identity="resources/sources/{source}/identity.json",
+        tree=directory("resources/sources/{source}/tree"),
+    log:
+        "results/logs/fetch_source/{source}.log",
+    retries: 1
+    conda:
+        "../envs/workflow.yaml"
+    params:
+        record=lambda wildcards: SOURCES[wildcards.source],
+    script:
+        "../scripts/fetch_source.py"
+
+
+rule prepare_variant:
+    input:
+        source=source_of_variant,
+        patch=patch_of_variant,
+    output:
+        identity="results/variants/{variant}.json",
+        tree=directory("results/variants/{variant}/source"),
+    log:
+        "results/logs/prepare_variant/{variant}.log",
+    conda:
+        "../envs/workflow.yaml"
+    params:
+        record=lambda wildcards: VARIANTS[wildcards.variant],
+    script:
+        "../scripts/prepare_variant.py"

@@ -1,0 +1,16 @@
+# Seeded workloads: the images and prompt every arm replays, written once and never
+# inside a timed loop. The same seed gives byte-identical files on any host.
+
+
+rule make_workload:
+    output:
+        manifest="results/workloads/{workload}/manifest.json",
+        images=directory("results/workloads/{workload}/images"),
+    log:
+        "results/logs/make_workload/{workload}.log",
+    conda:
+        "../envs/workflow.yaml"
+    params:
+        spec=lambda wildcards: WORKLOADS[wildcards.workload],
+    script:
+        "../scripts/make_workload.py"

@@ -1,0 +1,14 @@
+"""Snakemake shim: fetch one pinned engine source and record its identity."""
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from serving_study.sources import fetch_source
+
+sys.stderr = open(snakemake.log[0], "w")
+logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+
+identity = fetch_source(snakemake.params.record, Path(snakemake.output.tree))
+Path(snakemake.output.identity).write_text(json.dumps(identity, indent=2) + "\n")

@@ -1,0 +1,181 @@
+"""Checking an experiment's config before any job runs.
+
+The JSON schema (config/config.schema.yaml) says what each key may hold; this module
+applies it, fills in the schema's defaults, and adds the checks a schema cannot
+express: names that must be unique, and names that must refer to something defined
+elsewhere in the same config. Every problem becomes one line that names the file and
+the key, e.g. ``config/b1.yaml: arms[2].variant: 'patchd' is not a variant (known:
+original, patched)``.
+"""
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import jsonschema
+import yaml
+
+
+class ConfigError(ValueError):
+    """The config is wrong; the message names the file, the key and the fix."""
+
+
+def load_schema(schema_path: Path) -> dict:
+    return yaml.safe_load(Path(schema_path).read_text())
+
+
+def key_path(parts: Iterable) -> str:
+    """Render a JSON path like ``arms[2].cpu_quota``."""
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text or "(top level)"
+
+
+def _fill_defaults(validator_class):
+    """A validator class that also writes each property's default into the config."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def properties_with_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, subschema in properties.items():
+                if "default" in subschema and name not in instance:
+                    default = subschema["default"]
+                    instance[name] = (
+                        type(default)(default)
+                        if isinstance(default, dict | list)
+                        else default
+                    )
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(
+        validator_class, {"properties": properties_with_defaults}
+    )
+
+
+_DefaultFillingValidator = _fill_defaults(jsonschema.Draft202012Validator)
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    where = key_path(error.absolute_path)
+    if error.validator == "additionalProperties":
+        unknown = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        allowed = ", ".join(sorted(error.schema.get("properties", {})))
+        return f"{where}: unknown key {', '.join(map(repr, unknown))} (allowed: {allowed})"
+    if error.validator == "required":
+        return f"{where}: {error.message}"
+    if error.validator == "oneOf" and error.absolute_path and (
+        error.absolute_path[-1] == "cpu_quota"
+    ):
+        return (
+            f"{where}: {error.instance!r} is not a CPU quota: give a number of cores "
+            "greater than 0, or \"none\" to run without a quota"
+        )
+    if error.validator == "oneOf" and error.absolute_path and (
+        len(error.absolute_path) == 2 and error.absolute_path[0] == "sources"
+    ):
+        return f"{where}: a source needs exactly one of 'pypi', 'git' or 'path'"
+    return f"{where}: {error.message}"
+
+
+def schema_problems(config: dict, schema: dict) -> list[str]:
+    """Validate against the schema, filling defaults in place; return the problems."""
+    validator = _DefaultFillingValidator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    return [_schema_message(error) for error in errors]
+
+
+def _duplicates(records: Sequence[dict], collection: str) -> list[str]:
+    counts = Counter(record.get("name") for record in records)
+    return [
+        f"{collection}[{index}].name: {record['name']!r} is used more than once; "
+        f"each {collection[:-1]} needs its own name"
+        for index, record in enumerate(records)
+        if counts[record.get("name")] > 1
+    ]
+
+
+def _must_name(value, known: Iterable[str], where: str, what: str) -> list[str]:
+    known = list(known)
+    if value in known:
+        return []
+    return [
+        f"{where}: {value!r} is not a {what} (known: {', '.join(known) or 'none'})"
+    ]
+
+
+def reference_problems(config: dict, project_root: Path) -> list[str]:
+    """Names that must be unique or must refer to a record defined elsewhere."""
+    problems: list[str] = []
+    for collection in ("sources", "variants", "workloads", "arms"):
+        problems += _duplicates(config.get(collection, []), collection)
+
+    sources = {source["name"]: source for source in config.get("sources", [])}
+    for index, variant in enumerate(config.get("variants", [])):
+        where = f"variants[{index}]"
+        problems += _must_name(variant["source"], sources, f"{where}.source", "source")
+        if "patch" in variant and not (project_root / variant["patch"]).is_file():
+            problems.append(
+                f"{where}.patch: {variant['patch']!r} does not exist; put the patch "
+                "file under envs/patches/"
+            )
+        if "pull_request" in variant:
+            source = sources.get(variant["source"], {})
+            if "git" not in source:
+                problems.append(
+                    f"{where}.pull_request: a pull request can only be applied to a "
+                    "git source; give the variant a source with 'git'"
+                )
+
+    variant_names = [variant["name"] for variant in config.get("variants", [])]
+    workload_names = [workload["name"] for workload in config.get("workloads", [])]
+    arm_names = [arm["name"] for arm in config.get("arms", [])]
+    for index, arm in enumerate(config.get("arms", [])):
+        where = f"arms[{index}]"
+        problems += _must_name(arm["variant"], variant_names, f"{where}.variant", "variant")
+        problems += _must_name(
+            arm["workload"], workload_names, f"{where}.workload", "workload"
+        )
+        if config.get("engine") == "embedded" and arm.get("server_args"):
+            problems.append(
+                f"{where}.server_args: only engine 'sglang' takes server arguments"
+            )
+
+    for index, reference in enumerate(config.get("reference", {}).get("arms", [])):
+        problems += _must_name(
+            reference["arm"], arm_names, f"reference.arms[{index}].arm", "arm"
+        )
+    problems += _duplicates(config.get("claims", []), "claims")
+    for index, claim in enumerate(config.get("claims", [])):
+        where = f"claims[{index}]"
+        for key in ("numerator", "denominator"):
+            if key in claim:
+                problems += _must_name(claim[key], arm_names, f"{where}.{key}", "arm")
+        for position, arm in enumerate(claim.get("arms", [])):
+            problems += _must_name(arm, arm_names, f"{where}.arms[{position}]", "arm")
+        has_ratio = "numerator" in claim and "denominator" in claim
+        if not has_ratio and not claim.get("arms"):
+            problems.append(
+                f"{where}: a claim compares either numerator/denominator arms or a "
+                "list of 'arms' within a tolerance"
+            )
+    return problems
+
+
+def check_config(
+    config: dict, schema_path: Path, config_files: Sequence[str], project_root: Path
+) -> dict:
+    """Validate ``config`` in place (defaults filled) or raise one ConfigError.
+
+    ``config_files`` are the files the config was merged from, named in the message.
+    """
+    source = " + ".join(str(path) for path in config_files) or "the config"
+    problems = schema_problems(config, load_schema(schema_path))
+    if not problems:
+        problems = reference_problems(config, project_root)
+    if problems:
+        raise ConfigError("\n".join(f"{source}: {problem}" for problem in problems))
+    return config

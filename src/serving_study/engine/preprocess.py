@@ -1,0 +1,121 @@
+"""Qwen3-VL image preprocessing with Pillow and numpy only.
+
+SGLang runs Qwen3-VL's image processor on the GPU. On a CPU host this module
+stands in for it, and it deliberately never calls a torch operator: PyTorch's
+intra-op thread pool must be entered only by the SHM copy, so that a thread
+cap (`OMP_NUM_THREADS`) changes the copy and nothing else.
+
+The output matches the Hugging Face Qwen2-VL image processor configured as
+Qwen3-VL ships it (patch 16, temporal patch 2, merge 2, mean/std 0.5,
+256² to 4096² pixels): `pixel_values` float32 of shape
+(grid_h · grid_w, 3 · 2 · 16 · 16) and `image_grid_thw` [[1, grid_h, grid_w]].
+"""
+
+from __future__ import annotations
+
+import io
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from PIL import Image
+
+PATCH_SIZE = 16
+TEMPORAL_PATCH_SIZE = 2
+MERGE_SIZE = 2
+RESIZE_FACTOR = PATCH_SIZE * MERGE_SIZE
+MIN_PIXELS = 65_536
+MAX_PIXELS = 16_777_216
+IMAGE_MEAN = 0.5
+IMAGE_STD = 0.5
+CHANNELS = 3
+PATCH_VALUES = CHANNELS * TEMPORAL_PATCH_SIZE * PATCH_SIZE * PATCH_SIZE
+MAX_ASPECT_RATIO = 200
+
+
+@dataclass(frozen=True)
+class ImageFeatures:
+    """What the processor hands the model for one image."""
+
+    pixel_values: np.ndarray
+    image_grid_thw: np.ndarray
+
+    @property
+    def llm_image_tokens(self) -> int:
+        """Tokens the image takes in the prompt after the 2x2 merge."""
+        return int(np.prod(self.image_grid_thw[0])) // (MERGE_SIZE * MERGE_SIZE)
+
+
+def decode_image(data: bytes) -> Image.Image:
+    """Decode PNG/JPEG bytes into a fully loaded RGB image.
+
+    Raises ValueError when the bytes are not an image Pillow can read.
+    """
+    try:
+        image = Image.open(io.BytesIO(data))
+        return image.convert("RGB")
+    except (OSError, Image.DecompressionBombError, SyntaxError) as error:
+        raise ValueError(f"cannot decode the image: {error}") from error
+
+
+def smart_resize(
+    height: int,
+    width: int,
+    factor: int = RESIZE_FACTOR,
+    min_pixels: int = MIN_PIXELS,
+    max_pixels: int = MAX_PIXELS,
+) -> tuple[int, int]:
+    """Nearest size with both sides multiples of factor and area in bounds."""
+    if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
+        raise ValueError(
+            f"image of {width}x{height} px has an aspect ratio above "
+            f"{MAX_ASPECT_RATIO}, which Qwen3-VL refuses"
+        )
+    resized_height = max(factor, round(height / factor) * factor)
+    resized_width = max(factor, round(width / factor) * factor)
+    if resized_height * resized_width > max_pixels:
+        scale = math.sqrt(height * width / max_pixels)
+        resized_height = max(factor, math.floor(height / scale / factor) * factor)
+        resized_width = max(factor, math.floor(width / scale / factor) * factor)
+    elif resized_height * resized_width < min_pixels:
+        scale = math.sqrt(min_pixels / (height * width))
+        resized_height = math.ceil(height * scale / factor) * factor
+        resized_width = math.ceil(width * scale / factor) * factor
+    return resized_height, resized_width
+
+
+def preprocess_image(image: Image.Image) -> ImageFeatures:
+    """Resize, normalise and cut one RGB image into Qwen3-VL patch rows."""
+    height, width = smart_resize(image.height, image.width)
+    if (height, width) != (image.height, image.width):
+        image = image.resize((width, height), Image.Resampling.BICUBIC)
+    # Channel-first, so each patch row's 16 pixels are contiguous in memory.
+    pixels = np.asarray(image).transpose(2, 0, 1).astype(np.float32)
+    pixels *= 1 / 255
+    pixels -= IMAGE_MEAN
+    pixels /= IMAGE_STD
+
+    grid_height, grid_width = height // PATCH_SIZE, width // PATCH_SIZE
+    # Axes: channel, block row, row in block, pixel row, block column,
+    # column in block, pixel column.
+    blocks = pixels.reshape(
+        CHANNELS,
+        grid_height // MERGE_SIZE,
+        MERGE_SIZE,
+        PATCH_SIZE,
+        grid_width // MERGE_SIZE,
+        MERGE_SIZE,
+        PATCH_SIZE,
+    )
+    # Rows in Qwen2-VL order: block row, block column, row in block, column in
+    # block; each row holds channel, frame, pixel row, pixel column.
+    ordered = blocks.transpose(1, 4, 2, 5, 0, 3, 6)[:, :, :, :, :, np.newaxis]
+    # A still image is the same frame twice (temporal patch of 2).
+    frames = np.broadcast_to(
+        ordered, ordered.shape[:5] + (TEMPORAL_PATCH_SIZE,) + ordered.shape[6:]
+    )
+    pixel_values = np.ascontiguousarray(frames).reshape(
+        grid_height * grid_width, PATCH_VALUES
+    )
+    image_grid_thw = np.array([[1, grid_height, grid_width]], dtype=np.int64)
+    return ImageFeatures(pixel_values=pixel_values, image_grid_thw=image_grid_thw)

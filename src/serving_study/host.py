@@ -1,0 +1,236 @@
+"""Describing the host an experiment runs on, and refusing hosts that cannot run it.
+
+The preflight rule writes this description to ``results/<experiment>/host.json``; the
+report prints it in its header. What a server will really start with is measured,
+not assumed: the intra-op thread count comes from a fresh Python process started
+with each arm's environment, because PyTorch sizes its pool from the CPUs it can
+see, never from the CPU quota (the trap the study fell into).
+"""
+
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+from serving_study.server_environment import server_environment
+
+
+class HostCannotRunExperiment(RuntimeError):
+    """The experiment needs something this host lacks; the message says what."""
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def memory_gib() -> float | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return round(int(line.split()[1]) / 1024**2, 1)
+    except OSError:
+        pass
+    return None
+
+
+def cgroup_version() -> str:
+    mounts = Path("/proc/self/mounts").read_text().split("\n")
+    has_v1_cpu = any(
+        fields[2] == "cgroup" and "cpu" in fields[3].split(",")
+        for fields in (line.split() for line in mounts if line)
+    )
+    if has_v1_cpu:
+        return "v1"
+    if Path("/sys/fs/cgroup/cgroup.controllers").exists():
+        return "v2"
+    return "none"
+
+
+def shared_memory_free_mib() -> float | None:
+    try:
+        stats = os.statvfs("/dev/shm")
+    except OSError:
+        return None
+    return round(stats.f_bavail * stats.f_frsize / 1024**2, 1)
+
+
+def package_versions() -> dict:
+    versions = {"python": platform.python_version()}
+    for package in (
+        "snakemake",
+        "torch",
+        "numpy",
+        "pillow",
+        "aiohttp",
+        "psutil",
+        "pandas",
+        "altair",
+    ):
+        try:
+            versions[package] = metadata.version(package)
+        except metadata.PackageNotFoundError:
+            versions[package] = None
+    return versions
+
+
+def intra_op_threads(environment: dict[str, str]) -> int | None:
+    """The thread count torch starts with in a fresh process with this environment."""
+    command = [sys.executable, "-c", "import torch; print(torch.get_num_threads())"]
+    try:
+        finished = subprocess.run(
+            command,
+            env=server_environment(os.environ, environment),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=True,
+        )
+    except (subprocess.SubprocessError, OSError):
+        return None
+    return int(finished.stdout.strip())
+
+
+def gpu_description() -> dict:
+    """Model, driver and memory of each visible NVIDIA GPU, or why there is none."""
+    try:
+        import pynvml
+    except ImportError:
+        return {"gpus": [], "reason": "nvidia-ml-py is not installed"}
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as error:
+        return {"gpus": [], "reason": f"no NVIDIA driver ({error})"}
+    try:
+        gpus = []
+        for index in range(pynvml.nvmlDeviceGetCount()):
+            handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+            memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
+            gpus.append(
+                {
+                    "index": index,
+                    "name": pynvml.nvmlDeviceGetName(handle),
+                    "memory_gib": round(memory.total / 1024**3, 1),
+                }
+            )
+        return {
+            "gpus": gpus,
+            "driver": pynvml.nvmlSystemGetDriverVersion(),
+            "reason": None if gpus else "the driver reports no GPU",
+        }
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def container_runtimes() -> dict:
+    """Versions of docker and podman, and whether an engine answers."""
+    runtimes = {}
+    for name in ("docker", "podman"):
+        path = shutil.which(name)
+        if path is None:
+            runtimes[name] = {"installed": False, "engine_reachable": False}
+            continue
+        version = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=30
+        ).stdout.strip()
+        engine = subprocess.run(
+            [path, "info", "--format", "{{json .}}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        runtimes[name] = {
+            "installed": True,
+            "version": version,
+            "engine_reachable": engine.returncode == 0,
+        }
+    return runtimes
+
+
+def quota_cores(arm: dict) -> float | None:
+    return None if arm["cpu_quota"] == "none" else float(arm["cpu_quota"])
+
+
+def arm_thread_plan(arms: list[dict]) -> list[dict]:
+    """Per arm: the quota, the intra-op threads its server will start, and a warning
+    when those threads exceed the quota by more than 2x (the study's trap)."""
+    threads_by_environment: dict[str, int | None] = {}
+    plan = []
+    for arm in arms:
+        key = json.dumps(arm.get("environment", {}), sort_keys=True)
+        if key not in threads_by_environment:
+            threads_by_environment[key] = intra_op_threads(arm.get("environment", {}))
+        threads = threads_by_environment[key]
+        quota = quota_cores(arm)
+        warning = None
+        if threads is not None and quota is not None and threads > 2 * quota:
+            warning = (
+                f"arm {arm['name']}: the server starts {threads} intra-op threads "
+                f"under a {quota:g}-core quota ({threads / quota:.1f}x): PyTorch's "
+                "OpenMP pool ignores the quota, as in the study"
+            )
+        plan.append(
+            {
+                "arm": arm["name"],
+                "quota_cores": quota,
+                "environment": arm.get("environment", {}),
+                "intra_op_threads": threads,
+                "warning": warning,
+            }
+        )
+    return plan
+
+
+def describe_host(engine: dict, arms: list[dict]) -> dict:
+    """Everything the report's header and the run validity checks need."""
+    affinity = os.sched_getaffinity(0)
+    return {
+        "hostname": platform.node(),
+        "kernel": platform.release(),
+        "cpu_model": cpu_model(),
+        "cpu_count": os.cpu_count(),
+        "visible_cpus": len(affinity),
+        "memory_gib": memory_gib(),
+        "cgroup_version": cgroup_version(),
+        "shared_memory_free_mib": shared_memory_free_mib(),
+        "gpu": gpu_description(),
+        "container_runtimes": container_runtimes(),
+        "engine": engine["engine"],
+        "runtime": engine["runtime"],
+        "versions": package_versions(),
+        "arms": arm_thread_plan(arms),
+    }
+
+
+def unmet_needs(host: dict, engine: dict) -> list[str]:
+    """What the experiment needs that this host lacks, one sentence each."""
+    needs = []
+    if engine["engine"] == "sglang" and not host["gpu"]["gpus"]:
+        needs.append(
+            "engine 'sglang' runs sglang.launch_server with a real model and needs an "
+            f"NVIDIA GPU, but this host has none ({host['gpu']['reason']}); run the "
+            "embedded engine here (config/config.yaml) or use a GPU host"
+        )
+    if engine["runtime"] in ("docker", "podman"):
+        runtime = host["container_runtimes"][engine["runtime"]]
+        if not runtime["installed"]:
+            needs.append(
+                f"runtime '{engine['runtime']}' is not installed; install it or set "
+                "runtime: local"
+            )
+        elif not runtime["engine_reachable"]:
+            needs.append(
+                f"runtime '{engine['runtime']}' is installed but its engine does not "
+                f"answer ('{engine['runtime']} info' fails); start it or set "
+                "runtime: local"
+            )
+    return needs
