@@ -301,7 +301,10 @@ class CpuQuotaGroup(CpuGroup):
                 layout = _create_v1(own, name)
             group = cls(layout)
             group._write_quota(quota_us, period_us)
-        except OSError as error:
+        except (OSError, QuotaUnavailable) as error:
+            _discard_partial_group(own, name)
+            if isinstance(error, QuotaUnavailable):
+                raise
             raise QuotaUnavailable(
                 f"Cannot create or write CPU cgroup {name!r} below "
                 f"{own.cpu_directory}: {error}. Creating cgroups needs root and a "
@@ -433,6 +436,22 @@ def _enable_cpu_controller(directory: Path) -> None:
     enabled = (directory / "cgroup.subtree_control").read_text().split()
     if "cpu" not in enabled:
         _write(directory / "cgroup.subtree_control", "+cpu")
+
+
+def _discard_partial_group(own: _Layout, name: str) -> None:
+    """Remove what a failed create() made; rmdir never removes a group in use."""
+    bases = {own.cpu_directory, own.usage_directory}
+    if own.version == 2:
+        bases.add(_v2_root_of(own.cpu_directory))
+    for base in bases:
+        try:
+            (base / PARENT_GROUP_NAME / name).rmdir()
+        except OSError:
+            pass
+        try:
+            _remove_if_empty(base / PARENT_GROUP_NAME)
+        except OSError:
+            pass
 
 
 def _remove_directory(directory: Path, deadline: float) -> None:

@@ -64,18 +64,24 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
     if error.validator == "additionalProperties":
         unknown = sorted(set(error.instance) - set(error.schema.get("properties", {})))
         allowed = ", ".join(sorted(error.schema.get("properties", {})))
-        return f"{where}: unknown key {', '.join(map(repr, unknown))} (allowed: {allowed})"
+        return (
+            f"{where}: unknown key {', '.join(map(repr, unknown))} (allowed: {allowed})"
+        )
     if error.validator == "required":
         return f"{where}: {error.message}"
-    if error.validator == "oneOf" and error.absolute_path and (
-        error.absolute_path[-1] == "cpu_quota"
+    if (
+        error.validator == "oneOf"
+        and error.absolute_path
+        and (error.absolute_path[-1] == "cpu_quota")
     ):
         return (
             f"{where}: {error.instance!r} is not a CPU quota: give a number of cores "
-            "greater than 0, or \"none\" to run without a quota"
+            'greater than 0, or "none" to run without a quota'
         )
-    if error.validator == "oneOf" and error.absolute_path and (
-        len(error.absolute_path) == 2 and error.absolute_path[0] == "sources"
+    if (
+        error.validator == "oneOf"
+        and error.absolute_path
+        and (len(error.absolute_path) == 2 and error.absolute_path[0] == "sources")
     ):
         return f"{where}: a source needs exactly one of 'pypi', 'git' or 'path'"
     return f"{where}: {error.message}"
@@ -102,9 +108,7 @@ def _must_name(value, known: Iterable[str], where: str, what: str) -> list[str]:
     known = list(known)
     if value in known:
         return []
-    return [
-        f"{where}: {value!r} is not a {what} (known: {', '.join(known) or 'none'})"
-    ]
+    return [f"{where}: {value!r} names no {what} (known: {', '.join(known) or 'none'})"]
 
 
 def reference_problems(config: dict, project_root: Path) -> list[str]:
@@ -135,7 +139,9 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
     arm_names = [arm["name"] for arm in config.get("arms", [])]
     for index, arm in enumerate(config.get("arms", [])):
         where = f"arms[{index}]"
-        problems += _must_name(arm["variant"], variant_names, f"{where}.variant", "variant")
+        problems += _must_name(
+            arm["variant"], variant_names, f"{where}.variant", "variant"
+        )
         problems += _must_name(
             arm["workload"], workload_names, f"{where}.workload", "workload"
         )

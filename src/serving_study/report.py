@@ -164,7 +164,9 @@ def write_report_items(
     written = []
     for name, spec in specs.items():
         spec_path = figures_dir / f"{name}.vl.json"
-        spec_path.write_text(json.dumps(spec, indent=1), encoding="utf-8")
+        spec_path.write_text(
+            json.dumps(spec, indent=1, allow_nan=False), encoding="utf-8"
+        )
         page_path = figures_dir / f"{name}.html"
         body = figure_html(name, spec)
         page_path.write_text(
@@ -256,7 +258,7 @@ def figure_html(name: str, spec: dict) -> str:
 def script_json(value) -> str:
     """JSON that is safe inside a <script> element: no tag can be closed."""
     return (
-        json.dumps(value)
+        json.dumps(value, allow_nan=False)
         .replace("&", "\\u0026")
         .replace("<", "\\u003c")
         .replace(">", "\\u003e")

@@ -14,6 +14,8 @@ Charts are returned as Vega-Lite specs (dicts) so that the report can embed
 them and also keep them as `.vl.json` files.
 """
 
+import math
+
 import altair as alt
 import pandas as pd
 
@@ -116,7 +118,7 @@ def throughput_vs_concurrency(tables: dict[str, pd.DataFrame], config: dict) -> 
     color = alt.Color("series:N", title="arms")
     line = (
         alt.Chart(lines)
-        .mark_line(point=True)
+        .mark_line()
         .encode(
             x=x,
             y=alt.Y("value:Q", title=axis_title(metric)),
@@ -127,7 +129,31 @@ def throughput_vs_concurrency(tables: dict[str, pd.DataFrame], config: dict) -> 
                 title="numbers from",
             ),
             detail="source:N",
-            tooltip=["arm", "series", "concurrency", "source", "value", "min", "max"],
+        )
+    )
+    markers = (
+        alt.Chart(lines)
+        .mark_point(filled=True, size=60)
+        .encode(
+            x=x,
+            y="value:Q",
+            color=color,
+            shape=alt.Shape(
+                "source:N",
+                scale=alt.Scale(
+                    domain=[REPRODUCTION, STUDY], range=["circle", "diamond"]
+                ),
+                title="numbers from",
+            ),
+            tooltip=[
+                "arm",
+                "series",
+                "concurrency",
+                "source",
+                alt.Tooltip("value:Q", format=".3g"),
+                alt.Tooltip("min:Q", format=".3g"),
+                alt.Tooltip("max:Q", format=".3g"),
+            ],
         )
     )
     spread = (
@@ -145,7 +171,7 @@ def throughput_vs_concurrency(tables: dict[str, pd.DataFrame], config: dict) -> 
             tooltip=["arm", "run", alt.Tooltip(f"{metric}:Q", format=".3g")],
         )
     )
-    chart = alt.layer(spread, line, runs_layer).properties(
+    chart = alt.layer(spread, line, markers, runs_layer).properties(
         width=420,
         height=300,
         title=FIGURE_TITLES["throughput_vs_concurrency"],
@@ -183,7 +209,7 @@ def comparison_panel(
         [
             summary.assign(source=REPRODUCTION, value=summary["median"]),
             summary.assign(
-                source=STUDY, value=summary["reference"], min=None, max=None
+                source=STUDY, value=summary["reference"], min=math.nan, max=math.nan
             ),
         ]
     ).dropna(subset=["value"])
@@ -193,7 +219,9 @@ def comparison_panel(
     points = runs[runs["valid"] & runs[metric].notna()][["arm", "run", metric]].copy()
     points["source"] = REPRODUCTION
 
-    x = alt.X("arm:N", sort=arm_order, title=None)
+    # Short arm names (A, B, ...) read best level; long ones need tilting.
+    tilt = 0 if max(len(name) for name in arm_order) <= 8 else -30
+    x = alt.X("arm:N", sort=arm_order, title=None, axis=alt.Axis(labelAngle=tilt))
     offset = alt.XOffset("source:N", scale=alt.Scale(domain=[REPRODUCTION, STUDY]))
     color = alt.Color(
         "source:N",
@@ -208,7 +236,15 @@ def comparison_panel(
             xOffset=offset,
             y=alt.Y("value:Q", title=axis_title(metric)),
             color=color,
-            tooltip=["arm", "variant", "environment", "source", "value", "min", "max"],
+            tooltip=[
+                "arm",
+                "variant",
+                "environment",
+                "source",
+                alt.Tooltip("value:Q", format=".3g"),
+                alt.Tooltip("min:Q", format=".3g"),
+                alt.Tooltip("max:Q", format=".3g"),
+            ],
         )
     )
     spread_layer = (

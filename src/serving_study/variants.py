@@ -21,7 +21,6 @@ from serving_study.sources import (
     fetch_pull_request_diff,
     file_sha256,
     staged_directory,
-    tree_sha256,
 )
 
 TRANSPORT_MODULE = Path("python/sglang/srt/managers/mm_utils.py")
@@ -82,7 +81,11 @@ def prepare_variant(
     patch_record = None
     pull_request_record = None
     with staged_directory(dest) as staging:
-        shutil.copytree(Path(source_tree) / "python", staging / "python")
+        shutil.copytree(
+            Path(source_tree) / "python",
+            staging / "python",
+            copy_function=_link_or_copy,
+        )
         if patch_path is not None:
             patch_path = Path(patch_path)
             apply_patch(patch_path, staging, shown_as=variant.get("patch"))
@@ -117,7 +120,6 @@ def prepare_variant(
             "patch": patch_record,
             "pull_request": pull_request_record,
             "mm_utils_sha256": file_sha256(transport_module),
-            "tree_sha256": tree_sha256(staging / "python"),
             "sglang_python_root": str(dest.resolve() / "python"),
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
@@ -142,17 +144,56 @@ def apply_patch(patch_path: Path, tree: Path, shown_as: str | None = None) -> st
     # Inside one it would take paths relative to the repository's root: stop it from
     # finding one above the tree.
     environment["GIT_CEILING_DIRECTORIES"] = str(tree.parent)
-    result = subprocess.run(
-        ["git", "apply", "--verbose", str(patch_path)],
-        cwd=tree,
-        capture_output=True,
-        text=True,
-        env=environment,
-    )
+
+    def git_apply(*options: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["git", "apply", *options, str(patch_path)],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+            env=environment,
+        )
+
+    listed = git_apply("--numstat", "-z")
+    if listed.returncode == 0:
+        for relative in _named_paths(listed.stdout):
+            _make_private(tree / relative)
+    result = git_apply("--verbose")
     report = result.stdout + result.stderr
     if result.returncode != 0:
         raise PatchDoesNotApply(shown_as, _failures(report, patch_path))
     return report
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    """Hard-link a file (cheap for a 4,700-file tree); copy across file systems."""
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _make_private(path: Path) -> None:
+    """Give a hard-linked file its own copy, so patching it leaves the source alone."""
+    if path.is_file() and path.stat().st_nlink > 1:
+        private = path.with_name(f".{path.name}.private")
+        shutil.copy2(path, private)
+        os.replace(private, path)
+
+
+def _named_paths(numstat: str) -> list[str]:
+    """The paths in ``git apply --numstat -z`` output (both sides of a rename)."""
+    paths = []
+    fields = iter(numstat.split("\0"))
+    for entry in fields:
+        if not entry:
+            continue
+        path = entry.split("\t")[-1]
+        if path:
+            paths.append(path)
+        else:
+            paths += [next(fields, ""), next(fields, "")]
+    return [path for path in paths if path]
 
 
 def _failures(report: str, patch_path: Path) -> list[str]:

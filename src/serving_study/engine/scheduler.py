@@ -222,7 +222,9 @@ class Scheduler:
                         unlink_segment(unread.segment_name)
                 logger.exception("request %d: receiving features", message.request_id)
                 self._send(
-                    RequestFailed(message.request_id, f"{type(error).__name__}: {error}")
+                    RequestFailed(
+                        message.request_id, f"{type(error).__name__}: {error}"
+                    )
                 )
                 return
         self._waiting.append(
@@ -292,7 +294,9 @@ class Scheduler:
         if not self._running:
             return
         self._spend(self._timing.decode_step_ms / 1000)
-        events = [self._produce_token(running) for running in list(self._running.values())]
+        events = [
+            self._produce_token(running) for running in list(self._running.values())
+        ]
         self._send(TokenBatch(tuple(events)))
 
     def _produce_token(self, request: RunningRequest) -> TokenEvent:
@@ -310,7 +314,9 @@ class Scheduler:
         spin_until = start + seconds * self._timing.busy_fraction
         while time.perf_counter() < spin_until:
             pass
-        self._wait(start + seconds - time.perf_counter(), stop_when_message_arrives=False)
+        self._wait(
+            start + seconds - time.perf_counter(), stop_when_message_arrives=False
+        )
 
     # --- the pipe ----------------------------------------------------------------
 

@@ -1,0 +1,13 @@
+"""Snakemake shim: per-run figures, medians over valid runs, ratios and claims as CSV."""
+
+import logging
+import sys
+from pathlib import Path
+
+from serving_study.aggregate import aggregate, write_tables
+
+sys.stderr = open(snakemake.log[0], "w")
+logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+
+tables = aggregate([Path(path) for path in snakemake.input.metrics], snakemake.params.config)
+write_tables(tables, Path(snakemake.output.arms).parent)

@@ -1,0 +1,21 @@
+"""Snakemake shim: render the experiment's self-contained HTML report."""
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from serving_study.aggregate import read_tables
+from serving_study.report import build_report
+
+sys.stderr = open(snakemake.log[0], "w")
+logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+
+build_report(
+    read_tables(Path(snakemake.input.arms).parent),
+    config=snakemake.params.config,
+    host=json.loads(Path(snakemake.input.host).read_text()),
+    variants=[json.loads(Path(path).read_text()) for path in snakemake.input.variants],
+    out_html=Path(snakemake.output.html),
+    figures_dir=None,
+)

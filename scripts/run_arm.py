@@ -1,0 +1,33 @@
+"""Snakemake shim: run one (arm, run) on a fresh server and write its results."""
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from serving_study.arm_runner import RunPaths, run_arm
+
+sys.stderr = open(snakemake.log[0], "w")
+logging.basicConfig(
+    stream=sys.stderr,
+    level=logging.INFO,
+    format="%(asctime)s %(levelname)s %(message)s",
+)
+
+run_arm(
+    experiment=snakemake.wildcards.experiment,
+    arm=dict(snakemake.params.arm),
+    run=int(snakemake.wildcards.run),
+    variant=json.loads(Path(snakemake.input.variant).read_text()),
+    workload_manifest=Path(snakemake.input.workload),
+    engine=dict(snakemake.params.engine),
+    client=dict(snakemake.params.client),
+    monitors=dict(snakemake.params.monitors),
+    paths=RunPaths(
+        metrics=Path(snakemake.output.metrics),
+        requests=Path(snakemake.output.requests),
+        monitors=Path(snakemake.output.monitors),
+        provenance=Path(snakemake.output.provenance),
+        server_log=Path(snakemake.output.server_log),
+    ),
+)

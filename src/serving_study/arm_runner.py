@@ -1,0 +1,304 @@
+"""One (arm, run): a fresh server, warm-up, the measured window, teardown, metrics.
+
+The order matters and is the method: the server starts in its own cgroup with the
+arm's quota and environment; the runner waits for /health, reads back what the
+server really runs with (/server_info), sends the warm-up at the arm's concurrency,
+and only then opens the monitors' window around the measured requests. Teardown
+runs in ``finally`` whatever happened. A run whose server never became healthy or
+died is written as a failed run (all outputs present, ``valid: false`` with the
+reason) so the study goes on and the report lists it; nothing of it is averaged in.
+"""
+
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import requests as http
+
+from serving_study.client import ServerNeverHealthy, load_requests, run_load
+from serving_study.client import wait_until_healthy
+from serving_study.local_runtime import LocalServer, free_port
+from serving_study.monitors import RunMonitors
+from serving_study.run_metrics import failed_run_metrics, summarize_run
+from serving_study.server_commands import embedded_server_argv
+from serving_study.server_environment import recorded_environment, server_environment
+
+log = logging.getLogger(__name__)
+
+PORT_ATTEMPTS = 3
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    metrics: Path
+    requests: Path
+    monitors: Path
+    provenance: Path
+    server_log: Path
+
+
+class ArmFailed(RuntimeError):
+    """The run could not be measured; the message is recorded as its reason."""
+
+
+def now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def quota_cores(arm: dict) -> float | None:
+    return None if arm["cpu_quota"] == "none" else float(arm["cpu_quota"])
+
+
+def server_argv(engine: dict, variant: dict, arm: dict, port: int) -> list[str]:
+    if engine["engine"] != "embedded" or engine["runtime"] != "local":
+        raise ArmFailed(
+            f"engine {engine['engine']!r} with runtime {engine['runtime']!r} is not "
+            "supported by this version of the runner; use engine: embedded with "
+            "runtime: local"
+        )
+    return embedded_server_argv(
+        sglang_python_root=variant["sglang_python_root"],
+        port=port,
+        transport=arm["transport"],
+        settings=engine["embedded"],
+    )
+
+
+def start_healthy_server(
+    engine: dict,
+    variant: dict,
+    arm: dict,
+    group_name: str,
+    paths: RunPaths,
+    client: dict,
+) -> tuple[LocalServer, str]:
+    """Start the server on a free port and wait for /health; retry a lost port race."""
+    environment = server_environment(os.environ, arm.get("environment", {}))
+    for attempt in range(1, PORT_ATTEMPTS + 1):
+        port = free_port()
+        server = LocalServer(
+            server_argv(engine, variant, arm, port),
+            environment,
+            quota_cores(arm),
+            f"{group_name}-try{attempt}",
+            paths.server_log,
+        )
+        server.start()
+        base_url = f"http://127.0.0.1:{port}"
+        try:
+            wait_until_healthy(
+                base_url, client["health_timeout_s"], process=server.process
+            )
+            return server, base_url
+        except ServerNeverHealthy as error:
+            tail = server.log_tail()
+            server.stop()
+            if "address already in use" in tail.lower() and attempt < PORT_ATTEMPTS:
+                log.warning(
+                    "port %d was taken before the server bound it; retrying", port
+                )
+                continue
+            raise ArmFailed(f"server never healthy: {error}\n{tail}") from error
+    raise ArmFailed("no free port after several attempts")
+
+
+def read_server_info(base_url: str) -> dict:
+    response = http.get(f"{base_url}/server_info", timeout=30)
+    response.raise_for_status()
+    return response.json()
+
+
+def measure(
+    base_url: str,
+    server: LocalServer,
+    arm: dict,
+    engine: dict,
+    workload_manifest: Path,
+    client: dict,
+    monitors: dict,
+    paths: RunPaths,
+) -> tuple[dict, dict]:
+    """Warm-up, then the measured requests inside the monitors' window."""
+    chat_requests = load_requests(workload_manifest)
+    model = engine["embedded"]["served_model_name"]
+    warmup_path = paths.requests.with_suffix(".warmup.jsonl")
+    if client["warmup_requests"]:
+        log.info("warm-up: %d requests", client["warmup_requests"])
+        asyncio.run(
+            run_load(
+                base_url,
+                chat_requests,
+                concurrency=arm["concurrency"],
+                measured_requests=client["warmup_requests"],
+                warmup_requests=0,
+                output_tokens=arm["output_tokens"],
+                model=model,
+                out_path=warmup_path,
+                progress=False,
+            )
+        )
+    server.remember_tree()
+    run_monitors = RunMonitors(
+        server.pid,
+        server.group,
+        sample_hz=monitors["sample_hz"],
+        thread_sample_hz=monitors["thread_sample_hz"],
+        gpu={"auto": None, "on": True, "off": False}[monitors["gpu"]],
+    )
+    try:
+        run_monitors.start_window()
+        log.info(
+            "measured: %d requests at concurrency %d",
+            arm["requests"],
+            arm["concurrency"],
+        )
+        summary = asyncio.run(
+            run_load(
+                base_url,
+                chat_requests,
+                concurrency=arm["concurrency"],
+                measured_requests=arm["requests"],
+                warmup_requests=0,
+                output_tokens=arm["output_tokens"],
+                model=model,
+                out_path=paths.requests,
+                progress=True,
+            )
+        )
+        window = run_monitors.stop_window()
+    finally:
+        run_monitors.stop()
+    merge_warmup_into(paths.requests, warmup_path)
+    return window, summary_as_dict(summary)
+
+
+def merge_warmup_into(requests_path: Path, warmup_path: Path) -> None:
+    """One requests.jsonl: warm-up lines first, marked phase "warmup"."""
+    if not warmup_path.exists():
+        return
+    warmup_lines = []
+    for line in warmup_path.read_text().splitlines():
+        record = json.loads(line)
+        record["phase"] = "warmup"
+        warmup_lines.append(json.dumps(record))
+    measured = requests_path.read_text()
+    requests_path.write_text("\n".join(warmup_lines) + "\n" + measured)
+    warmup_path.unlink()
+
+
+def summary_as_dict(summary) -> dict:
+    if isinstance(summary, dict):
+        return summary
+    if hasattr(summary, "__dataclass_fields__"):
+        from dataclasses import asdict
+
+        return asdict(summary)
+    return dict(vars(summary))
+
+
+def validity_checks(
+    arm: dict, client: dict, server_info: dict, window: dict, server: LocalServer
+) -> dict:
+    quota = server.group.quota_in_force() if server.group else {}
+    seen_environment = server_info.get("environment", {})
+    return {
+        "quota_expected_cores": quota_cores(arm),
+        "quota_in_force_cores": quota.get("cores"),
+        "environment_expected": dict(arm.get("environment", {})),
+        "environment_seen": {
+            name: seen_environment.get(name) for name in arm.get("environment", {})
+        },
+        "torch_threads_seen": server_info.get("torch_num_threads"),
+        "server_restarted": bool(window.get("server_pids_changed")),
+        "max_dispatch_lag_ms_allowed": client["max_dispatch_lag_ms"],
+        "warmup_requests": client["warmup_requests"],
+    }
+
+
+def write_json(path: Path, data) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def run_arm(
+    *,
+    experiment: str,
+    arm: dict,
+    run: int,
+    variant: dict,
+    workload_manifest: Path,
+    engine: dict,
+    client: dict,
+    monitors: dict,
+    paths: RunPaths,
+) -> dict:
+    """Run one (arm, run) and write all its outputs; return its metrics."""
+    started_at, started = now_iso(), time.monotonic()
+    paths.server_log.write_text("")
+    group_name = f"{experiment}-{arm['name']}-run{run}-{os.getpid()}"
+    provenance = {
+        "experiment": experiment,
+        "arm": arm,
+        "run": run,
+        "variant": variant,
+        "engine": engine,
+        "started_at": started_at,
+    }
+    server = None
+    try:
+        server, base_url = start_healthy_server(
+            engine, variant, arm, group_name, paths, client
+        )
+        server_info = read_server_info(base_url)
+        provenance.update(
+            server_argv=server.argv,
+            environment_in_force=recorded_environment(server.environment),
+            server_info=server_info,
+            quota_in_force=server.group.quota_in_force(),
+        )
+        window, load_summary = measure(
+            base_url, server, arm, engine, workload_manifest, client, monitors, paths
+        )
+        if server.exit_code() is not None:
+            raise ArmFailed(
+                f"server exited with code {server.exit_code()} during the run\n"
+                f"{server.log_tail()}"
+            )
+        checks = validity_checks(arm, client, server_info, window, server)
+        provenance["client"] = load_summary
+        write_json(paths.monitors, window)
+        metrics = summarize_run(paths.requests, paths.monitors, arm, checks)
+    except ArmFailed as failure:
+        log.error("run failed: %s", failure)
+        metrics = failed_run_metrics(arm, run, str(failure).splitlines()[0])
+        provenance["failure"] = str(failure)
+        for path in (paths.requests, paths.monitors):
+            if not path.exists():
+                path.write_text("" if path.suffix == ".jsonl" else "null\n")
+    finally:
+        if server is not None:
+            server.stop()
+            provenance["leaked_segments_removed"] = server.leaked_segments
+    metrics.update(experiment=experiment, arm=arm["name"], run=run)
+    if server is not None and server.leaked_segments and metrics.get("valid"):
+        metrics["valid"] = False
+        metrics.setdefault("invalid_reasons", []).append(
+            f"the server left {len(server.leaked_segments)} shared-memory segments"
+        )
+    provenance.update(
+        finished_at=now_iso(), wall_s=round(time.monotonic() - started, 3)
+    )
+    write_json(paths.provenance, provenance)
+    write_json(paths.metrics, metrics)
+    log.info(
+        "run %s/%s: valid=%s throughput=%s req/s",
+        arm["name"],
+        run,
+        metrics.get("valid"),
+        metrics.get("throughput_rps"),
+    )
+    return metrics

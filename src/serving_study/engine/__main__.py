@@ -1,0 +1,85 @@
+"""Command line: `python -m serving_study.engine --sglang-source DIR ...`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from serving_study.engine.request_path import TRANSPORTS
+from serving_study.engine.scheduler import TimingModel
+from serving_study.engine.server import EngineConfig, run_engine
+
+
+def parse_arguments(argv: list[str]) -> EngineConfig:
+    defaults = EngineConfig(sglang_source=Path("."))
+    timing = TimingModel()
+    parser = argparse.ArgumentParser(
+        prog="python -m serving_study.engine",
+        description=(
+            "OpenAI-compatible server running SGLang's multimodal request path "
+            "(the variant's own ShmPointerMMData) with a stand-in timing model "
+            "instead of the model."
+        ),
+    )
+    parser.add_argument("--host", default=defaults.host)
+    parser.add_argument("--port", type=int, default=defaults.port)
+    parser.add_argument(
+        "--sglang-source",
+        type=Path,
+        required=True,
+        help="directory containing sglang/srt/managers/mm_utils.py (the variant)",
+    )
+    parser.add_argument("--transport", choices=TRANSPORTS, default=defaults.transport)
+    parser.add_argument("--served-model-name", default=defaults.served_model_name)
+    parser.add_argument(
+        "--prefill-ms-per-image",
+        type=float,
+        default=timing.prefill_ms_per_image,
+        help="stand-in prefill cost per image; produces the first token",
+    )
+    parser.add_argument(
+        "--decode-step-ms",
+        type=float,
+        default=timing.decode_step_ms,
+        help="one decode step for the whole running batch (one token each)",
+    )
+    parser.add_argument(
+        "--max-running-requests", type=int, default=timing.max_running_requests
+    )
+    parser.add_argument(
+        "--scheduler-busy-fraction",
+        type=float,
+        default=timing.busy_fraction,
+        help="share of each step the scheduler spins instead of sleeping (0-1)",
+    )
+    parser.add_argument(
+        "--startup-timeout-s", type=float, default=defaults.startup_timeout_s
+    )
+    arguments = parser.parse_args(argv)
+    try:
+        timing = TimingModel(
+            prefill_ms_per_image=arguments.prefill_ms_per_image,
+            decode_step_ms=arguments.decode_step_ms,
+            max_running_requests=arguments.max_running_requests,
+            busy_fraction=arguments.scheduler_busy_fraction,
+        )
+    except ValueError as error:
+        parser.error(str(error))
+    return EngineConfig(
+        sglang_source=arguments.sglang_source.resolve(),
+        host=arguments.host,
+        port=arguments.port,
+        transport=arguments.transport,
+        served_model_name=arguments.served_model_name,
+        timing=timing,
+        startup_timeout_s=arguments.startup_timeout_s,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_engine(parse_arguments(sys.argv[1:] if argv is None else argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""The main process's per-request work: image bytes to transport payloads.
+
+This runs on the asyncio event-loop thread, as SGLang's TokenizerManager runs
+it with one tokenizer worker: base64-decode and image decode, preprocessing,
+then the variant's `ShmPointerMMData(tensor)`, whose copy into the fresh
+segment is the one place the main process enters PyTorch's intra-op pool.
+With the cuda_ipc transport the tensor goes to the GPU instead and only an
+IPC handle is pickled.
+
+Each stage's wall time, calling-thread CPU time and whole-process CPU time
+are summed, so `/server_info` can show where the main process spends CPU.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import logging
+import pickle
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from serving_study.engine.preprocess import decode_image, preprocess_image
+from serving_study.engine.protocol import CUDA_IPC, INLINE, SHM, FeaturePayload
+from serving_study.engine.segments import unlink_segment
+
+CPU_TRANSPORT = "cpu"
+CUDA_IPC_TRANSPORT = "cuda_ipc"
+TRANSPORTS = (CPU_TRANSPORT, CUDA_IPC_TRANSPORT)
+STAGES = ("decode", "preprocess", "transport")
+
+logger = logging.getLogger("serving_study.engine.request_path")
+
+
+class InvalidImage(ValueError):
+    """An image in the request cannot be decoded (HTTP 400)."""
+
+
+@dataclass
+class StageTotals:
+    wall_s: float = 0.0
+    thread_cpu_s: float = 0.0
+    process_cpu_s: float = 0.0
+
+
+@dataclass
+class RequestPathTimings:
+    """Sums over all images prepared so far, per stage."""
+
+    images: int = 0
+    stages: dict[str, StageTotals] = field(
+        default_factory=lambda: {stage: StageTotals() for stage in STAGES}
+    )
+
+    def as_dict(self) -> dict:
+        return {
+            "images": self.images,
+            "stages": {name: vars(totals) for name, totals in self.stages.items()},
+        }
+
+
+class _Stage:
+    """Context manager adding one stage's elapsed times to its totals."""
+
+    def __init__(self, totals: StageTotals) -> None:
+        self._totals = totals
+
+    def __enter__(self) -> None:
+        self._wall = time.perf_counter()
+        self._thread = time.thread_time()
+        self._process = time.process_time()
+
+    def __exit__(self, *exc_info) -> None:
+        self._totals.wall_s += time.perf_counter() - self._wall
+        self._totals.thread_cpu_s += time.thread_time() - self._thread
+        self._totals.process_cpu_s += time.process_time() - self._process
+
+
+@dataclass
+class PreparedImages:
+    payloads: tuple[FeaturePayload, ...]
+    image_tokens: list[int]
+    # CUDA tensors whose IPC handles are in flight: the producer keeps them.
+    gpu_tensors: list = field(default_factory=list)
+
+    @property
+    def segment_names(self) -> list[str]:
+        return [p.segment_name for p in self.payloads if p.segment_name]
+
+
+class RequestPath:
+    """Prepares each request's images for the scheduler, with the variant's class."""
+
+    def __init__(self, shm_pointer_class: type, transport: str) -> None:
+        if transport not in TRANSPORTS:
+            raise ValueError(f"transport {transport!r} is not one of {TRANSPORTS}")
+        self._shm_pointer_class = shm_pointer_class
+        self._transport = transport
+        self.timings = RequestPathTimings()
+        self._warned_inline = False
+        if transport == CUDA_IPC_TRANSPORT:
+            # Registers the CUDA tensor reductions (IPC handles) with pickling.
+            from multiprocessing.reduction import ForkingPickler
+
+            import torch.multiprocessing  # noqa: F401
+
+            self._pickle_cuda = ForkingPickler.dumps
+
+    def prepare(self, images_base64: tuple[str, ...]) -> PreparedImages:
+        """Decode, preprocess and wrap each image. Raises InvalidImage."""
+        prepared = PreparedImages(payloads=(), image_tokens=[])
+        try:
+            for image_base64 in images_base64:
+                self._prepare_one(image_base64, prepared)
+        except BaseException:
+            release_segments(prepared.payloads)
+            raise
+        return prepared
+
+    def _prepare_one(self, image_base64: str, prepared: PreparedImages) -> None:
+        stages = self.timings.stages
+        with _Stage(stages["decode"]):
+            try:
+                data = base64.b64decode(image_base64, validate=True)
+            except (binascii.Error, ValueError) as error:
+                raise InvalidImage(f"the image is not valid base64: {error}") from error
+            try:
+                image = decode_image(data)
+            except ValueError as error:
+                raise InvalidImage(str(error)) from error
+        with _Stage(stages["preprocess"]):
+            features = preprocess_image(image)
+            pixel_values = torch.from_numpy(features.pixel_values)
+        with _Stage(stages["transport"]):
+            if self._transport == CUDA_IPC_TRANSPORT:
+                on_gpu = pixel_values.to("cuda")
+                prepared.gpu_tensors.append(on_gpu)
+                payload = FeaturePayload(
+                    kind=CUDA_IPC, pickled=bytes(self._pickle_cuda(on_gpu))
+                )
+            else:
+                payload = self._wrap_shm(pixel_values)
+        self.timings.images += 1
+        prepared.payloads += (payload,)
+        prepared.image_tokens.append(features.llm_image_tokens)
+
+    def _wrap_shm(self, pixel_values: torch.Tensor) -> FeaturePayload:
+        try:
+            pointer = self._shm_pointer_class(pixel_values)
+        except OSError as error:
+            # SGLang's _wrap_shm_or_inline: a full /dev/shm falls back to inline.
+            if not self._warned_inline:
+                logger.warning(
+                    "shared memory allocation failed (%s); falling back to "
+                    "inline transport. Consider increasing /dev/shm size.",
+                    error,
+                )
+                self._warned_inline = True
+            return FeaturePayload(kind=INLINE, pickled=pickle.dumps(pixel_values))
+        segment_name = pointer.__getstate__()["shm_name"]
+        return FeaturePayload(
+            kind=SHM, pickled=pickle.dumps(pointer), segment_name=segment_name
+        )
+
+
+def release_segments(payloads) -> None:
+    """Unlink the segments of payloads the scheduler will never consume."""
+    for payload in payloads:
+        if payload.segment_name:
+            unlink_segment(payload.segment_name)

@@ -1,0 +1,163 @@
+"""Starting a server process tree on this host inside its own CPU-quota cgroup.
+
+The server is started through ``serving_study.cgroup_exec``, which joins the cgroup
+before exec, so every thread and child (scheduler, resource tracker) is born inside
+the quota. The client and the monitors stay in the caller's cgroup. Teardown is one
+``stop()`` that always leaves nothing behind: the process group is terminated, then
+everything still in the cgroup is killed, the cgroup removed, and any shared-memory
+segment the server's processes created is unlinked and reported.
+"""
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+from serving_study.cgroups import CpuQuotaGroup, wrap_command
+
+log = logging.getLogger(__name__)
+
+SHARED_MEMORY = Path("/dev/shm")
+# SGLang 0.5.23 names segments sgl_shm_<kind>_<creator pid>_<8 hex>.
+SGLANG_SEGMENT_PREFIX = "sgl_shm_"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the server may still lose a race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def segments_created_by(pids: set[int]) -> list[Path]:
+    """SGLang shared-memory segments whose creator pid is one of ``pids``."""
+    found = []
+    for path in SHARED_MEMORY.glob(f"{SGLANG_SEGMENT_PREFIX}*"):
+        parts = path.name.split("_")
+        if len(parts) >= 5 and parts[-2].isdigit() and int(parts[-2]) in pids:
+            found.append(path)
+    return found
+
+
+class LocalServer:
+    """One server process tree in a fresh cgroup with the arm's quota."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        environment: dict[str, str],
+        quota_cores: float | None,
+        group_name: str,
+        log_path: Path,
+    ):
+        self.argv = argv
+        self.environment = environment
+        self.quota_cores = quota_cores
+        self.group_name = group_name
+        self.log_path = log_path
+        self.group: CpuQuotaGroup | None = None
+        self.process: subprocess.Popen | None = None
+        self.known_pids: set[int] = set()
+        self.leaked_segments: list[str] = []
+
+    def start(self) -> None:
+        self.group = CpuQuotaGroup.create(self.group_name, self.quota_cores)
+        with open(self.log_path, "ab") as server_log:
+            self.process = subprocess.Popen(
+                wrap_command(self.group, self.argv),
+                env=self.environment,
+                stdin=subprocess.DEVNULL,
+                stdout=server_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        self.known_pids.add(self.process.pid)
+        log.info(
+            "server pid %d started in cgroup %s (quota %s cores)",
+            self.process.pid,
+            self.group_name,
+            "none" if self.quota_cores is None else f"{self.quota_cores:g}",
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def remember_tree(self) -> None:
+        """Note every pid of the tree, so their segments can be found after death."""
+        try:
+            root = psutil.Process(self.process.pid)
+            self.known_pids.update(child.pid for child in root.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+        if self.group is not None:
+            self.known_pids.update(self.group.pids())
+
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Terminate the tree, empty and remove the cgroup, unlink leaked segments."""
+        try:
+            if self.process is not None:
+                self.remember_tree()
+                self._terminate_process_group(grace_s)
+        finally:
+            try:
+                if self.group is not None:
+                    self.known_pids.update(self.group.pids())
+                    self.group.remove()
+            finally:
+                self._unlink_leaked_segments()
+
+    def _terminate_process_group(self, grace_s: float) -> None:
+        if self.process.poll() is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("server did not stop in %.0f s; killing it", grace_s)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        # The scheduler notices its parent's death within a poll interval; give the
+        # group a moment before the cgroup removal kills what is left.
+        deadline = time.monotonic() + 2.0
+        while (
+            self.group is not None and self.group.pids() and time.monotonic() < deadline
+        ):
+            time.sleep(0.05)
+
+    def _unlink_leaked_segments(self) -> None:
+        for segment in segments_created_by(self.known_pids):
+            self.leaked_segments.append(segment.name)
+            segment.unlink(missing_ok=True)
+        if self.leaked_segments:
+            log.warning(
+                "removed %d shared-memory segments the server left behind",
+                len(self.leaked_segments),
+            )
+
+    def __enter__(self) -> "LocalServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,185 @@
+"""Wrong configs fail before any job runs, with one line naming the file and the key."""
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from serving_study.config import ConfigError, check_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "config" / "config.schema.yaml"
+SHIPPED = sorted(
+    str(path.relative_to(ROOT))
+    for path in (ROOT / "config").rglob("*.yaml")
+    if path.name != "config.schema.yaml"
+)
+
+
+def default_config() -> dict:
+    return yaml.safe_load((ROOT / "config" / "config.yaml").read_text())
+
+
+def check(config: dict) -> dict:
+    return check_config(config, SCHEMA, ["bad.yaml"], ROOT)
+
+
+def set_key(config: dict, path: list, value) -> None:
+    target = config
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = value
+
+
+def delete_key(config: dict, path: list) -> None:
+    target = config
+    for part in path[:-1]:
+        target = target[part]
+    del target[path[-1]]
+
+
+# Each case: how to break the default config, and what the message must contain.
+BAD_CONFIGS = {
+    "unknown top-level key": (lambda c: set_key(c, ["arm"], []), "unknown key 'arm'"),
+    "unknown arm key": (
+        lambda c: set_key(c, ["arms", 0, "cpus"], 2),
+        "arms[0]: unknown key 'cpus'",
+    ),
+    "zero quota": (
+        lambda c: set_key(c, ["arms", 1, "cpu_quota"], 0),
+        "arms[1].cpu_quota: 0 is not a CPU quota",
+    ),
+    "negative quota": (
+        lambda c: set_key(c, ["arms", 1, "cpu_quota"], -2),
+        "arms[1].cpu_quota: -2 is not a CPU quota",
+    ),
+    "quota as a word": (
+        lambda c: set_key(c, ["arms", 0, "cpu_quota"], "unlimited"),
+        "arms[0].cpu_quota: 'unlimited' is not a CPU quota",
+    ),
+    "concurrency as string": (
+        lambda c: set_key(c, ["arms", 0, "concurrency"], "16"),
+        "arms[0].concurrency: '16' is not of type 'integer'",
+    ),
+    "zero runs": (
+        lambda c: set_key(c, ["arms", 2, "runs"], 0),
+        "arms[2].runs: 0 is less than the minimum of 1",
+    ),
+    "duplicate arm": (
+        lambda c: set_key(c, ["arms", 1, "name"], "A"),
+        "arms[1].name: 'A' is used more than once",
+    ),
+    "missing variant": (
+        lambda c: set_key(c, ["arms", 1, "variant"], "patchd"),
+        "arms[1].variant: 'patchd' names no variant (known: original, patched)",
+    ),
+    "missing workload": (
+        lambda c: set_key(c, ["arms", 0, "workload"], "fresh-1024"),
+        "arms[0].workload: 'fresh-1024' names no workload",
+    ),
+    "variant of a missing source": (
+        lambda c: set_key(c, ["variants", 0, "source"], "sglang-0.5.24"),
+        "variants[0].source: 'sglang-0.5.24' names no source",
+    ),
+    "patch file absent": (
+        lambda c: set_key(c, ["variants", 1, "patch"], "envs/patches/nope.patch"),
+        "variants[1].patch: 'envs/patches/nope.patch' does not exist",
+    ),
+    "patch outside envs/patches": (
+        lambda c: set_key(c, ["variants", 1, "patch"], "/etc/passwd"),
+        "variants[1].patch: '/etc/passwd' does not match",
+    ),
+    "pull request on a PyPI source": (
+        lambda c: set_key(c, ["variants", 1, "pull_request"], 48881),
+        "variants[1].pull_request: a pull request can only be applied to a git source",
+    ),
+    "source with two origins": (
+        lambda c: set_key(c, ["sources", 0, "path"], "/tmp/sglang.whl"),
+        "sources[0]: a source needs exactly one of 'pypi', 'git' or 'path'",
+    ),
+    "short git commit": (
+        lambda c: set_key(
+            c, ["sources", 0], {"name": "up", "git": {"url": "x", "commit": "14"}}
+        ),
+        "sources[0].git.commit: '14' does not match",
+    ),
+    "unknown transport": (
+        lambda c: set_key(c, ["arms", 0, "transport"], "shm"),
+        "arms[0].transport: 'shm' is not one of ['cpu', 'cuda_ipc']",
+    ),
+    "unknown engine": (
+        lambda c: set_key(c, ["engine"], "vllm"),
+        "engine: 'vllm' is not one of ['embedded', 'sglang']",
+    ),
+    "missing arms": (lambda c: delete_key(c, ["arms"]), "'arms' is a required property"),
+    "environment value not a string": (
+        lambda c: set_key(c, ["arms", 1, "environment"], {"OMP_NUM_THREADS": 1}),
+        "arms[1].environment.OMP_NUM_THREADS: 1 is not of type 'string'",
+    ),
+    "experiment name with a slash": (
+        lambda c: set_key(c, ["experiment"], "../elsewhere"),
+        "experiment: '../elsewhere' does not match",
+    ),
+    "claim naming a missing arm": (
+        lambda c: set_key(c, ["claims", 0, "numerator"], "Z"),
+        "claims[0].numerator: 'Z' names no arm",
+    ),
+    "reference for a missing arm": (
+        lambda c: set_key(c, ["reference", "arms", 0, "arm"], "Z"),
+        "reference.arms[0].arm: 'Z' names no arm",
+    ),
+    "server_args on the embedded engine": (
+        lambda c: set_key(c, ["arms", 0, "server_args"], ["--foo"]),
+        "arms[0].server_args: only engine 'sglang' takes server arguments",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
+def test_bad_config_is_named_in_one_line(case):
+    break_config, expected = BAD_CONFIGS[case]
+    config = default_config()
+    break_config(config)
+    with pytest.raises(ConfigError) as raised:
+        check(config)
+    message = str(raised.value)
+    assert expected in message
+    assert message.startswith("bad.yaml: ")
+    assert expected in message.splitlines()[0] or any(
+        line.startswith("bad.yaml: ") and expected in line
+        for line in message.splitlines()
+    )
+
+
+def test_defaults_are_filled_from_the_schema():
+    config = check(default_config())
+    assert config["client"]["warmup_requests"] == 16
+    assert config["arms"][0]["transport"] == "cpu"
+    assert config["arms"][0]["runs"] == 3
+    assert config["arms"][0]["environment"] == {}
+    assert config["monitors"]["sample_hz"] == 10
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_config_is_valid(name):
+    config = yaml.safe_load((ROOT / name).read_text())
+    check_config(copy.deepcopy(config), SCHEMA, [name], ROOT)
+
+
+def test_snakemake_refuses_a_bad_config_before_any_job(tmp_path):
+    config = default_config()
+    config["arms"][2]["cpu_quota"] = 0
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(config))
+    finished = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--configfile", str(bad)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert finished.returncode != 0
+    assert f"{bad}: arms[2].cpu_quota: 0 is not a CPU quota" in finished.stderr
+    assert "Building DAG" not in finished.stdout + finished.stderr

@@ -1,0 +1,262 @@
+"""Fetching pinned SGLang sources: git commits, local copies, PyPI wheels."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from serving_study.sources import (
+    SourceMismatch,
+    SourceUnavailable,
+    fetch_pull_request_diff,
+    fetch_source,
+    file_sha256,
+    read_identity,
+)
+
+MM_UTILS = "python/sglang/srt/managers/mm_utils.py"
+SGLANG_0_5_23_CP311_SHA256 = (
+    "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"
+)
+
+
+def git(repository: Path, *arguments: str) -> str:
+    result = subprocess.run(
+        [
+            "git",
+            "-c",
+            "user.name=test",
+            "-c",
+            "user.email=test@example.org",
+            *arguments,
+        ],
+        cwd=repository,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return result.stdout.strip()
+
+
+def commit_file(repository: Path, relative: str, text: str, message: str) -> str:
+    path = repository / relative
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    git(repository, "add", "--all")
+    git(repository, "commit", "--quiet", "-m", message)
+    return git(repository, "rev-parse", "HEAD")
+
+
+@pytest.fixture
+def upstream(tmp_path: Path) -> tuple[Path, list[str]]:
+    """A small repository laid out as SGLang's, with two commits of mm_utils.py."""
+    repository = tmp_path / "upstream"
+    repository.mkdir()
+    git(repository, "init", "--quiet", "--initial-branch=main")
+    commit_file(repository, "README.md", "not the package\n", "readme")
+    commit_file(repository, "python/sglang/__init__.py", "", "package")
+    first = commit_file(repository, MM_UTILS, "copy = 'first'\n", "first")
+    second = commit_file(repository, MM_UTILS, "copy = 'second'\n", "second")
+    return repository, [first, second]
+
+
+def leftovers(directory: Path) -> list[str]:
+    return sorted(
+        path.name for path in directory.iterdir() if path.name.startswith(".")
+    )
+
+
+def test_git_source_is_laid_out_at_the_pinned_commit(upstream, tmp_path):
+    repository, (first, _) = upstream
+    record = {"name": "fake", "git": {"url": str(repository), "commit": first}}
+
+    identity = fetch_source(record, tmp_path / "sources" / "fake")
+
+    tree = tmp_path / "sources" / "fake"
+    assert (tree / MM_UTILS).read_text() == "copy = 'first'\n"
+    assert not (tree / "README.md").exists()  # only the python/ folder
+    assert not (tree / ".git").exists()
+    assert identity["kind"] == "git"
+    assert identity["commit"] == first
+    assert identity["url"] == str(repository)
+    assert identity["python_files"] == 2
+    assert read_identity(tree) == identity
+    assert leftovers(tmp_path / "sources") == []
+
+
+def test_git_source_accepts_a_relative_local_path(upstream, tmp_path, monkeypatch):
+    repository, (_, second) = upstream
+    monkeypatch.chdir(tmp_path)
+    record = {"name": "fake", "git": {"url": "upstream", "commit": second}}
+
+    fetch_source(record, tmp_path / "fake")
+
+    assert (tmp_path / "fake" / MM_UTILS).read_text() == "copy = 'second'\n"
+
+
+def test_a_fetched_source_is_reused_without_the_network(upstream, tmp_path):
+    repository, (first, _) = upstream
+    record = {"name": "fake", "git": {"url": str(repository), "commit": first}}
+    identity = fetch_source(record, tmp_path / "fake")
+    (repository / ".git").rename(repository / "moved-away")  # upstream now unreachable
+
+    assert fetch_source(record, tmp_path / "fake") == identity
+    other = {"name": "fake", "git": {"url": str(repository), "commit": "1" * 40}}
+    with pytest.raises(SourceUnavailable):
+        fetch_source(other, tmp_path / "fake")
+    assert (tmp_path / "fake" / MM_UTILS).read_text() == "copy = 'first'\n"
+
+
+def test_a_commit_missing_upstream_fails_and_leaves_nothing(upstream, tmp_path):
+    repository, _ = upstream
+    missing = "0123456789abcdef0123456789abcdef01234567"
+    record = {"name": "fake", "git": {"url": str(repository), "commit": missing}}
+
+    with pytest.raises(SourceMismatch, match=f"commit {missing} was not found"):
+        fetch_source(record, tmp_path / "sources" / "fake")
+
+    assert not (tmp_path / "sources" / "fake").exists()
+    assert leftovers(tmp_path / "sources") == []
+
+
+def test_a_short_commit_is_refused(upstream, tmp_path):
+    repository, (first, _) = upstream
+    record = {"name": "fake", "git": {"url": str(repository), "commit": first[:7]}}
+
+    with pytest.raises(SourceMismatch, match="not a full 40-hex commit"):
+        fetch_source(record, tmp_path / "fake")
+
+
+def test_a_commit_without_the_package_is_refused(upstream, tmp_path):
+    repository, _ = upstream
+    readme_only = git(repository, "rev-list", "--max-parents=0", "HEAD")
+    record = {"name": "fake", "git": {"url": str(repository), "commit": readme_only}}
+
+    with pytest.raises(SourceMismatch, match="has no python/sglang folder"):
+        fetch_source(record, tmp_path / "fake")
+
+
+@pytest.mark.parametrize(
+    "url", ["/nonexistent/sglang.git", "https://127.0.0.1:9/sgl-project/sglang.git"]
+)
+def test_an_unreachable_repository_says_how_to_use_a_local_copy(url, tmp_path):
+    record = {"name": "sglang-base", "git": {"url": url, "commit": "a" * 40}}
+
+    with pytest.raises(SourceUnavailable) as raised:
+        fetch_source(record, tmp_path / "sglang-base")
+
+    message = str(raised.value)
+    assert "sglang-base" in message and url in message and "path:" in message
+    assert not (tmp_path / "sglang-base").exists()
+
+
+def test_a_local_directory_keeps_only_the_package_sources(tmp_path):
+    checkout = tmp_path / "checkout"
+    for relative, content in {
+        "sglang/__init__.py": b"",
+        "sglang/srt/managers/mm_utils.py": b"copy = 'local'\n",
+        "sglang/srt/kernels.so": b"\x7fELF",
+        "sglang/srt/__pycache__/x.cpython-311.pyc": b"bytecode",
+    }.items():
+        (checkout / relative).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / relative).write_bytes(content)
+
+    identity = fetch_source({"name": "mine", "path": str(checkout)}, tmp_path / "out")
+
+    files = sorted(
+        p.relative_to(tmp_path / "out").as_posix()
+        for p in (tmp_path / "out" / "python").rglob("*")
+        if p.is_file()
+    )
+    assert files == ["python/sglang/__init__.py", MM_UTILS]
+    assert identity["kind"] == "path" and identity["sha256"] is None
+
+
+def test_a_local_wheel_is_unpacked_to_the_repository_layout(tmp_path):
+    wheel = tmp_path / "sglang-9.9.9-cp311-cp311-linux_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as bundle:
+        bundle.writestr("sglang/__init__.py", "")
+        bundle.writestr("sglang/srt/managers/mm_utils.py", "copy = 'wheel'\n")
+        bundle.writestr("sglang/srt/native.cpython-311-x86_64-linux-gnu.so", "\x7fELF")
+        bundle.writestr("sglang-9.9.9.dist-info/METADATA", "Name: sglang\n")
+
+    identity = fetch_source({"name": "w", "path": str(wheel)}, tmp_path / "out")
+
+    out = tmp_path / "out"
+    assert (out / MM_UTILS).read_text() == "copy = 'wheel'\n"
+    assert (
+        not list(out.rglob("*.so"))
+        and not (out / "python" / "sglang-9.9.9.dist-info").exists()
+    )
+    assert (out / "archive" / wheel.name).read_bytes() == wheel.read_bytes()
+    assert identity["sha256"] == file_sha256(wheel)
+
+
+def test_a_missing_local_path_is_unavailable(tmp_path):
+    with pytest.raises(SourceUnavailable, match="does not exist"):
+        fetch_source({"name": "gone", "path": str(tmp_path / "gone")}, tmp_path / "o")
+
+
+def test_pypi_unreachable_says_how_to_use_a_local_wheel(tmp_path, monkeypatch):
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    record = {
+        "name": "sglang-0.5.23",
+        "pypi": {"package": "sglang", "version": "0.5.23"},
+    }
+
+    with pytest.raises(SourceUnavailable) as raised:
+        fetch_source(record, tmp_path / "sglang")
+
+    assert "sglang==0.5.23" in str(raised.value) and "path:" in str(raised.value)
+    assert not (tmp_path / "sglang").exists()
+
+
+def test_pull_request_diff_is_taken_against_its_merge_base(upstream):
+    repository, (first, second) = upstream
+    git(repository, "checkout", "--quiet", "-b", "feature", first)
+    commit_file(repository, MM_UTILS, "copy = 'pull request'\n", "the change")
+    commit_file(repository, "docs/notes.md", "outside python/\n", "docs")
+    git(repository, "update-ref", "refs/pull/7/head", "HEAD")
+    git(repository, "checkout", "--quiet", "main")
+
+    diff = fetch_pull_request_diff(str(repository), 7, second)
+
+    assert diff.merge_base == first
+    assert diff.head_commit == git(repository, "rev-parse", "feature")
+    assert "+copy = 'pull request'" in diff.text
+    assert "-copy = 'first'" in diff.text  # against the merge base, not the base
+    assert "docs/notes.md" not in diff.text
+
+
+def test_a_missing_pull_request_is_named(upstream):
+    repository, (_, second) = upstream
+    with pytest.raises(SourceMismatch, match="pull request #404"):
+        fetch_pull_request_diff(str(repository), 404, second)
+
+
+@pytest.mark.slow
+def test_sglang_0_5_23_from_pypi(tmp_path, pytestconfig):
+    wheels = pytestconfig.cache.mkdir("sglang-wheels")
+    for cached in wheels.glob("sglang-0.5.23-*.whl"):
+        cached.unlink()  # this test is about the download itself
+    record = {
+        "name": "sglang-0.5.23",
+        "pypi": {"package": "sglang", "version": "0.5.23"},
+    }
+    if sys.version_info[:2] == (3, 11):
+        record["pypi"]["sha256"] = SGLANG_0_5_23_CP311_SHA256
+
+    identity = fetch_source(record, tmp_path / "sglang", download_dir=wheels)
+
+    tree = tmp_path / "sglang"
+    assert identity["kind"] == "pypi" and identity["version"] == "0.5.23"
+    assert (wheels / identity["file"]).is_file()
+    assert file_sha256(wheels / identity["file"]) == identity["sha256"]
+    assert "class ShmPointerMMData" in (tree / MM_UTILS).read_text()
+    assert not list(tree.glob("python/**/*.so"))
+    assert identity["python_files"] > 4000

@@ -1,0 +1,217 @@
+"""Building code variants, with the PR #48881 patch on the real sglang 0.5.23 file.
+
+The real source comes from PyPI once and is then kept in pytest's cache directory
+(``.pytest_cache/d/sglang-wheels``), so later runs need no network.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import os
+import subprocess
+import sys
+import uuid
+from multiprocessing import shared_memory
+from pathlib import Path
+from typing import Optional
+
+import pytest
+import torch
+
+from serving_study.sources import fetch_source, file_sha256
+from serving_study.variants import PatchDoesNotApply, apply_patch, prepare_variant
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+PATCH = "envs/patches/pr48881-shm-copy-without-thread-fanout.patch"
+MM_UTILS = "python/sglang/srt/managers/mm_utils.py"
+PATCHED_LINE = "shm.buf[:] = tensor.detach().view(torch.uint8).reshape(-1).numpy()"
+SOURCE_RECORD = {
+    "name": "sglang-0.5.23",
+    "pypi": {"package": "sglang", "version": "0.5.23"},
+}
+
+
+@pytest.fixture(scope="session")
+def sglang_0_5_23(pytestconfig, tmp_path_factory) -> tuple[Path, dict]:
+    """The real sglang 0.5.23 source tree and its identity."""
+    tree = tmp_path_factory.mktemp("sources") / "sglang-0.5.23"
+    wheels = pytestconfig.cache.mkdir("sglang-wheels")
+    identity = fetch_source(SOURCE_RECORD, tree, download_dir=wheels)
+    return tree, identity
+
+
+def patched_variant(tree: Path, identity: dict, dest: Path) -> dict:
+    variant = {"name": "patched", "source": "sglang-0.5.23", "patch": PATCH}
+    return prepare_variant(variant, tree, identity, REPOSITORY / PATCH, dest)
+
+
+@pytest.fixture(scope="module")
+def patched_0_5_23(sglang_0_5_23, tmp_path_factory) -> tuple[Path, dict]:
+    """The PR #48881 variant of sglang 0.5.23 and its identity."""
+    tree, source = sglang_0_5_23
+    variants = tmp_path_factory.mktemp("variants")
+    return variants, patched_variant(tree, source, variants / "patched")
+
+
+def test_the_pr48881_patch_changes_only_the_copy(sglang_0_5_23, patched_0_5_23):
+    tree, source = sglang_0_5_23
+    variants, identity = patched_0_5_23
+    source_text = (tree / MM_UTILS).read_text()
+
+    patched = variants / "patched" / MM_UTILS
+    text = patched.read_text()
+    assert PATCHED_LINE in text
+    assert "dst.copy_(" not in text and "dst.copy_(" in source_text
+    assert (tree / MM_UTILS).read_text() == source_text  # the source is untouched
+    assert identity["mm_utils_sha256"] == file_sha256(patched)
+    assert identity["mm_utils_sha256"] != file_sha256(tree / MM_UTILS)
+    assert identity["patch"] == {
+        "file": PATCH,
+        "sha256": file_sha256(REPOSITORY / PATCH),
+    }
+    assert identity["source"] == source
+    assert identity["sglang_python_root"] == str(variants / "patched/python")
+    assert [p.name for p in variants.iterdir()] == ["patched"]
+
+
+def test_a_variant_without_a_patch_is_the_source(sglang_0_5_23, tmp_path):
+    tree, source = sglang_0_5_23
+    variant = {"name": "base", "source": "sglang-0.5.23"}
+
+    identity = prepare_variant(variant, tree, source, None, tmp_path / "base")
+
+    assert identity["patch"] is None
+    assert identity["mm_utils_sha256"] == file_sha256(tree / MM_UTILS)
+    assert (tmp_path / "base" / MM_UTILS).read_bytes() == (tree / MM_UTILS).read_bytes()
+
+
+def load_transport_class(python_root: Path) -> type:
+    """Compile a tree's ShmPointerMMData alone, with the names it uses in 0.5.23."""
+    module = ast.parse((python_root / "sglang/srt/managers/mm_utils.py").read_text())
+    (definition,) = [
+        node
+        for node in module.body
+        if isinstance(node, ast.ClassDef) and node.name == "ShmPointerMMData"
+    ]
+    namespace = {
+        "torch": torch,
+        "os": os,
+        "sys": sys,
+        "mmap": __import__("mmap"),
+        "shared_memory": shared_memory,
+        "logger": logging.getLogger(__name__),
+        "Optional": Optional,
+        "make_shm_name": lambda kind: f"serving_study_test_{kind}_{uuid.uuid4().hex}",
+    }
+    exec(compile(ast.Module([definition], []), "mm_utils.py", "exec"), namespace)
+    return namespace["ShmPointerMMData"]
+
+
+@pytest.mark.parametrize(
+    "tensor",
+    [
+        torch.arange(64 * 1536, dtype=torch.float32).reshape(64, 1536) / 7,
+        torch.arange(3 * 1536, dtype=torch.bfloat16).reshape(1536, 3).t(),
+        torch.ones(32, 16, requires_grad=True),
+    ],
+    ids=["float32", "bfloat16-transposed", "requires-grad"],
+)
+def test_the_patched_copy_delivers_the_same_tensor(patched_0_5_23, tensor):
+    _, identity = patched_0_5_23
+    transport = load_transport_class(Path(identity["sglang_python_root"]))
+
+    sent = transport(tensor)
+    received = transport.__new__(transport)
+    received.__setstate__(sent.__getstate__())  # what unpickling does
+    delivered = received.materialize()
+
+    assert torch.equal(delivered, tensor.detach())
+    assert not Path("/dev/shm", sent.shm_name).exists()  # materialize() unlinked it
+
+
+def test_a_patch_against_a_changed_file_names_the_hunk(sglang_0_5_23, tmp_path):
+    tree, source = sglang_0_5_23
+    changed = tmp_path / "changed"
+    file = changed / MM_UTILS
+    file.parent.mkdir(parents=True)
+    file.write_text(
+        (tree / MM_UTILS).read_text().replace("dst.copy_(", "dst.copy_from(")
+    )
+
+    with pytest.raises(PatchDoesNotApply) as raised:
+        patched_variant(changed, source, tmp_path / "variants" / "patched")
+
+    message = str(raised.value)
+    assert PATCH in message
+    assert f"patch failed: {MM_UTILS}:1384 (hunk @@ -1384,8 +1384,11 @@)" in message
+    assert not (tmp_path / "variants" / "patched").exists()
+    assert list((tmp_path / "variants").iterdir()) == []
+
+
+def test_a_patch_applies_inside_an_enclosing_git_repository(tmp_path):
+    """Results live inside the project's repository; git must not patch that one."""
+    subprocess.run(["git", "init", "--quiet", str(tmp_path)], check=True)
+    tree = tmp_path / "results" / "variants" / "v"
+    (tree / "python").mkdir(parents=True)
+    (tree / "python" / "a.py").write_text("one\n")
+    patch = tmp_path / "change.patch"
+    patch.write_text("--- a/python/a.py\n+++ b/python/a.py\n@@ -1 +1 @@\n-one\n+two\n")
+
+    report = apply_patch(patch, tree)
+
+    assert (tree / "python" / "a.py").read_text() == "two\n"
+    assert "Applied patch python/a.py cleanly." in report
+
+
+def test_a_pull_request_needs_a_git_source(sglang_0_5_23, tmp_path):
+    tree, source = sglang_0_5_23
+    variant = {"name": "pr", "source": "sglang-0.5.23", "pull_request": 48881}
+
+    with pytest.raises(ValueError, match="needs a git source"):
+        prepare_variant(variant, tree, source, None, tmp_path / "pr")
+
+
+def git(repository: Path, *arguments: str) -> str:
+    result = subprocess.run(
+        [
+            "git",
+            "-c",
+            "user.name=test",
+            "-c",
+            "user.email=test@example.org",
+            *arguments,
+        ],
+        cwd=repository,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return result.stdout.strip()
+
+
+def test_a_pull_request_is_applied_to_a_git_source(tmp_path):
+    upstream = tmp_path / "upstream"
+    (upstream / "python/sglang/srt/managers").mkdir(parents=True)
+    git(upstream, "init", "--quiet", "--initial-branch=main")
+    (upstream / MM_UTILS).write_text("a = 1\nb = 2\n")
+    git(upstream, "add", "--all")
+    git(upstream, "commit", "--quiet", "-m", "base")
+    base = git(upstream, "rev-parse", "HEAD")
+    git(upstream, "checkout", "--quiet", "-b", "feature")
+    (upstream / MM_UTILS).write_text("a = 1\nb = 3\n")
+    git(upstream, "commit", "--quiet", "-am", "change")
+    git(upstream, "update-ref", "refs/pull/5/head", "HEAD")
+    record = {"name": "src", "git": {"url": str(upstream), "commit": base}}
+    source = fetch_source(record, tmp_path / "sources" / "src")
+    variant = {"name": "pr5", "source": "src", "pull_request": 5}
+
+    identity = prepare_variant(
+        variant, tmp_path / "sources" / "src", source, None, tmp_path / "pr5"
+    )
+
+    assert (tmp_path / "pr5" / MM_UTILS).read_text() == "a = 1\nb = 3\n"
+    assert identity["pull_request"]["head_commit"] == git(upstream, "rev-parse", "HEAD")
+    assert identity["pull_request"]["merge_base"] == base
+    kept = tmp_path / "pr5" / identity["pull_request"]["file"]
+    assert file_sha256(kept) == identity["pull_request"]["sha256"]
