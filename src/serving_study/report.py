@@ -277,13 +277,15 @@ def verdicts_html(tables: dict[str, pd.DataFrame]) -> str:
         items.append("<li>The config states no claims.</li>")
     runs = tables["runs"]
     invalid = int((~runs["valid"].astype(bool)).sum())
-    notes = (
-        f'<p class="note">{invalid} of {len(runs)} runs were invalid and are left '
-        "out of every median (see the invalid runs below).</p>"
-        if invalid
-        else f'<p class="note">All {len(runs)} runs were valid.</p>'
-    )
-    return f'<ul class="verdicts">{"".join(items)}</ul>\n{notes}'
+    if invalid:
+        were = "was" if invalid == 1 else "were"
+        note = (
+            f"{invalid} of {len(runs)} runs {were} invalid and left out of every "
+            "median (see the invalid runs below)."
+        )
+    else:
+        note = f"All {len(runs)} runs were valid."
+    return f'<ul class="verdicts">{"".join(items)}</ul>\n<p class="note">{note}</p>'
 
 
 def verdict_class(verdict: str) -> str:
@@ -343,7 +345,9 @@ def setup_html(tables: dict[str, pd.DataFrame], config: dict, host: dict) -> str
         "intra-op threads seen",
         "valid runs",
     ]
-    return html_table(["", ""], host_rows) + html_table(arm_header, arm_rows)
+    return html_table(["setting", "value"], host_rows) + html_table(
+        arm_header, arm_rows
+    )
 
 
 def variants_html(variants: list[dict]) -> str:
@@ -446,21 +450,32 @@ def arms_html(tables: dict[str, pd.DataFrame]) -> str:
     )
     note_html = "".join(f'<p class="note">{escape(note)}</p>' for note in notes)
     details = html_table(
-        ["arm", "figure", "unit", "median", "min", "max", "95% CI", "study", "note"],
+        [
+            "arm",
+            "figure",
+            "unit",
+            "runs with it",
+            "median",
+            "min",
+            "max",
+            "95% CI",
+            "study",
+        ],
         [
             [
                 row["arm"],
                 row["label"],
                 row["unit"],
+                text(row["n_values"]),
                 format_number(row["median"]),
                 format_number(row["min"]),
                 format_number(row["max"]),
                 interval_text(row),
                 format_number(row["reference"]),
-                text(row["ci_note"]),
             ]
             for row in arms.to_dict("records")
         ],
+        numeric_from=3,
     )
     return (
         '<p class="note">Cells: median [min–max] over valid runs.</p>'

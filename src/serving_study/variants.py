@@ -3,9 +3,10 @@
 A variant record names its source and at most one change, either a patch file of ours
 or (for a git source) an upstream pull request:
 ``{"name": "patched", "source": "sglang-0.5.23", "patch": "envs/patches/x.patch"}``.
-The variant tree keeps the source's layout, ``dest/python/sglang/...``, and its
-identity records exactly what went into it, down to the sha256 of ``mm_utils.py``,
-the file that holds the shared-memory copy under study.
+The variant tree keeps the source's layout, ``dest/python/sglang/...``; its files are
+hard links into the source tree, except those the change touches, which get their own
+copies first. Its identity records exactly what went into it, down to the sha256 of
+``mm_utils.py``, the file that holds the shared-memory copy under study.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def prepare_variant(
     patch_path: Path | None,
     dest: Path,
 ) -> dict:
-    """Copy ``source_tree`` to ``dest``, apply the variant's change, return identity.
+    """Copy ``source_tree``'s ``python/`` to ``dest``, apply the variant's change,
+    and return the variant's identity.
 
     ``patch_path`` is the variant's ``patch`` resolved by the caller (None when the
     variant has none). A variant with ``pull_request`` fetches that pull request's

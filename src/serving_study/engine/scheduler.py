@@ -130,7 +130,7 @@ def run_scheduler(settings: SchedulerSettings, connection: Connection) -> None:
         )
     scheduler = Scheduler(settings, transport.materializes, connection, torch)
     try:
-        connection.send(
+        scheduler.send(
             SchedulerReady(
                 pid=os.getpid(),
                 torch_num_threads=torch.get_num_threads(),
@@ -221,7 +221,7 @@ class Scheduler:
                     if unread.segment_name:
                         unlink_segment(unread.segment_name)
                 logger.exception("request %d: receiving features", message.request_id)
-                self._send(
+                self.send(
                     RequestFailed(
                         message.request_id, f"{type(error).__name__}: {error}"
                     )
@@ -288,7 +288,7 @@ class Scheduler:
             request.features.clear()  # the vision encoder has consumed them
             running = RunningRequest(request.request_id, request.output_tokens)
             events.append(self._produce_token(running))
-        self._send(TokenBatch(tuple(events)))
+        self.send(TokenBatch(tuple(events)))
 
     def _decode_step(self) -> None:
         if not self._running:
@@ -297,7 +297,7 @@ class Scheduler:
         events = [
             self._produce_token(running) for running in list(self._running.values())
         ]
-        self._send(TokenBatch(tuple(events)))
+        self.send(TokenBatch(tuple(events)))
 
     def _produce_token(self, request: RunningRequest) -> TokenEvent:
         request.tokens_produced += 1
@@ -333,7 +333,7 @@ class Scheduler:
             if stop_when_message_arrives:
                 return
 
-    def _send(self, message: object) -> None:
+    def send(self, message: object) -> None:
         try:
             self._connection.send(message)
         except OSError as error:

@@ -115,10 +115,12 @@ class SchedulerClient:
         """Stop the scheduler (it unlinks what it holds), then unlink the rest."""
         process = self._process
         if process is not None:
-            if self._connection is not None:
-                self._stop_reading()
-                # EOF on its pipe makes the scheduler exit cleanly.
-                self._connection.close()
+            self._stop_reading()
+            # EOF on its pipe makes a running scheduler exit cleanly; one still
+            # starting up would notice only once started, so it gets SIGTERM.
+            self._connection.close()
+            if self.ready_message is None:
+                process.terminate()
             process.join(SCHEDULER_EXIT_GRACE_SECONDS)
             if process.is_alive():
                 logger.warning("scheduler did not exit on EOF; sending SIGTERM")
