@@ -1,7 +1,6 @@
 # Helpers shared by every stage: the checked config, lookups by name, wildcard
 # constraints, the seeded order of the arms, and the lists of files each stage needs.
 # No rules live here.
-import random
 import re
 import sys
 from pathlib import Path
@@ -9,8 +8,8 @@ from pathlib import Path
 PROJECT_ROOT = Path(workflow.basedir)
 sys.path.insert(0, str(PROJECT_ROOT / "src"))
 
+from serving_study.arm_order import priority
 from serving_study.config import ConfigError, check_config
-
 
 try:
     check_config(
@@ -45,7 +44,9 @@ wildcard_constraints:
 
 def arm_runs():
     """Every (arm, run) of the experiment, runs numbered from 1."""
-    return [(name, run) for name, arm in ARMS.items() for run in range(1, arm["runs"] + 1)]
+    return [
+        (name, run) for name, arm in ARMS.items() for run in range(1, arm["runs"] + 1)
+    ]
 
 
 def run_directory(arm, run):
@@ -56,19 +57,10 @@ def run_metrics_files():
     return [f"{run_directory(arm, run)}/metrics.json" for arm, run in arm_runs()]
 
 
-def arm_order(run):
-    """The arms of one run block, in an order shuffled by the config's seed."""
-    names = sorted(name for name, arm in ARMS.items() if arm["runs"] >= run)
-    random.Random(f"{config['seed']}-block-{run}").shuffle(names)
-    return names
-
-
 def arm_run_priority(wildcards):
-    """Higher runs first: block 1 in its shuffled order, then block 2, and so on."""
-    run = int(wildcards.run)
-    order = arm_order(run)
-    blocks = max(arm["runs"] for arm in ARMS.values())
-    return (blocks - run + 1) * (len(ARMS) + 1) + (len(order) - order.index(wildcards.arm))
+    """Run blocks in order, each block's arms shuffled by the seed (arm_order.py)."""
+    arm_runs = {name: arm["runs"] for name, arm in ARMS.items()}
+    return priority(arm_runs, config["seed"], wildcards.arm, int(wildcards.run))
 
 
 def source_of_variant(wildcards):

@@ -1,4 +1,4 @@
-"""Snakemake shim: per-run figures, medians over valid runs, ratios and claims as CSV."""
+"""Snakemake shim: per-run figures, medians of valid runs, ratios and claims as CSV."""
 
 import logging
 import sys
@@ -9,5 +9,7 @@ from serving_study.aggregate import aggregate, write_tables
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO)
 
-tables = aggregate([Path(path) for path in snakemake.input.metrics], snakemake.params.config)
+tables = aggregate(
+    [Path(path) for path in snakemake.input.metrics], snakemake.params.config
+)
 write_tables(tables, Path(snakemake.output.arms).parent)

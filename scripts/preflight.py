@@ -1,4 +1,4 @@
-"""Snakemake shim: describe the host, warn about the study's trap, refuse unfit hosts."""
+"""Snakemake shim: describe the host, warn of the study's trap, refuse unfit hosts."""
 
 import json
 import logging
@@ -20,4 +20,6 @@ for arm in host["arms"]:
 if needs:
     raise SystemExit("This host cannot run the experiment:\n- " + "\n- ".join(needs))
 Path(snakemake.output.host).write_text(json.dumps(host, indent=2) + "\n")
-log.info("host: %s CPUs visible, cgroup %s", host["visible_cpus"], host["cgroup_version"])
+log.info(
+    "host: %s CPUs visible, cgroup %s", host["visible_cpus"], host["cgroup_version"]
+)

@@ -114,7 +114,10 @@ BAD_CONFIGS = {
         lambda c: set_key(c, ["engine"], "vllm"),
         "engine: 'vllm' is not one of ['embedded', 'sglang']",
     ),
-    "missing arms": (lambda c: delete_key(c, ["arms"]), "'arms' is a required property"),
+    "missing arms": (
+        lambda c: delete_key(c, ["arms"]),
+        "'arms' is a required property",
+    ),
     "environment value not a string": (
         lambda c: set_key(c, ["arms", 1, "environment"], {"OMP_NUM_THREADS": 1}),
         "arms[1].environment.OMP_NUM_THREADS: 1 is not of type 'string'",

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from serving_study.engine.segments import SHM_DIRECTORY
+from serving_study.engine.segments import SHM_DIRECTORY, unlink_segment
 from serving_study.engine.shm_loader import (
     MM_UTILS_RELATIVE_PATH,
     VariantSourceError,
@@ -56,12 +56,13 @@ def sglang_0_5_23_patched(sglang_0_5_23, tmp_path_factory) -> Path:
     return patched
 
 
-def _open_in_child(sglang_root: Path, pickled: bytes, results) -> None:
+def _open_in_child(pickled_by_root: dict[Path, bytes], results) -> None:
     """Runs in a spawned process: unpickle (opens the segment), materialize."""
-    load_shm_pointer_class(sglang_root)  # unpickling finds the class by module
-    pointer = pickle.loads(pickled)
-    tensor = pointer.materialize()
-    results.put((tuple(tensor.shape), hashlib.sha256(tensor.numpy()).hexdigest()))
+    for sglang_root, pickled in pickled_by_root.items():
+        load_shm_pointer_class(sglang_root)  # unpickling finds the class by module
+        tensor = pickle.loads(pickled).materialize()
+        digest = hashlib.sha256(tensor.numpy()).hexdigest()
+        results.put((sglang_root, tuple(tensor.shape), digest))
 
 
 def _segment_exists(name: str) -> bool:
@@ -89,32 +90,39 @@ def test_loaded_file_and_hash_are_reported(sglang_0_5_23):
     assert "make_shm_name" in variant.free_names and "torch" in variant.free_names
 
 
-@pytest.mark.parametrize("variant", ["sglang_0_5_23", "sglang_0_5_23_patched"])
-def test_tensor_round_trips_through_dev_shm(variant, request):
-    sglang_root = request.getfixturevalue(variant)
-    shm_pointer_class = load_shm_pointer_class(sglang_root)
+def test_both_classes_round_trip_a_tensor_through_dev_shm(
+    sglang_0_5_23, sglang_0_5_23_patched
+):
     pixels = np.random.default_rng(7).random((1024, 1536), dtype=np.float32)
     tensor = torch.from_numpy(pixels)
-
-    pointer = shm_pointer_class(tensor)
-    segment_name = pointer.__getstate__()["shm_name"]
-    assert segment_name.startswith(f"sgl_shm_mm_{os.getpid()}_")
-    assert _segment_exists(segment_name)
+    expected_digest = hashlib.sha256(pixels).hexdigest()
+    roots = (sglang_0_5_23, sglang_0_5_23_patched)
+    pointers = {root: load_shm_pointer_class(root)(tensor) for root in roots}
+    segment_names = [p.__getstate__()["shm_name"] for p in pointers.values()]
+    for name in segment_names:
+        assert name.startswith(f"sgl_shm_mm_{os.getpid()}_")
+        assert _segment_exists(name)
 
     context = multiprocessing.get_context("spawn")
     results = context.Queue()
-    child = context.Process(
-        target=_open_in_child, args=(sglang_root, pickle.dumps(pointer), results)
-    )
+    pickled = {root: pickle.dumps(pointer) for root, pointer in pointers.items()}
+    child = context.Process(target=_open_in_child, args=(pickled, results))
     child.start()
     try:
-        shape, digest = results.get(timeout=60)
+        received = [results.get(timeout=60) for _ in roots]
+        child.join(30)
+        left_over = [name for name in segment_names if _segment_exists(name)]
     finally:
         child.join(30)
+        for name in segment_names:
+            unlink_segment(name)  # only if the test failed before the child did
+
     assert child.exitcode == 0
-    assert shape == (1024, 1536)
-    assert digest == hashlib.sha256(tensor.numpy()).hexdigest()
-    assert not _segment_exists(segment_name)
+    assert [root for root, _, _ in received] == list(roots)
+    for _, shape, digest in received:
+        assert shape == (1024, 1536)
+        assert digest == expected_digest
+    assert left_over == []
 
 
 def test_unknown_name_is_refused_with_file_and_names(sglang_0_5_23, tmp_path):

@@ -212,7 +212,9 @@ def test_pypi_unreachable_says_how_to_use_a_local_wheel(tmp_path, monkeypatch):
     with pytest.raises(SourceUnavailable) as raised:
         fetch_source(record, tmp_path / "sglang")
 
-    assert "sglang==0.5.23" in str(raised.value) and "path:" in str(raised.value)
+    message = str(raised.value)
+    assert "sglang==0.5.23" in message and "path:" in message
+    assert "the package index could not be reached" in message
     assert not (tmp_path / "sglang").exists()
 
 
@@ -260,3 +262,16 @@ def test_sglang_0_5_23_from_pypi(tmp_path, pytestconfig):
     assert "class ShmPointerMMData" in (tree / MM_UTILS).read_text()
     assert not list(tree.glob("python/**/*.so"))
     assert identity["python_files"] > 4000
+
+
+def test_a_local_path_is_copied_afresh_each_time(tmp_path):
+    checkout = tmp_path / "checkout" / "sglang"
+    checkout.mkdir(parents=True)
+    (checkout / "__init__.py").write_text("version = 1\n")
+    record = {"name": "mine", "path": str(checkout.parent)}
+    fetch_source(record, tmp_path / "out")
+    (checkout / "__init__.py").write_text("version = 2\n")
+
+    fetch_source(record, tmp_path / "out")
+
+    assert (tmp_path / "out/python/sglang/__init__.py").read_text() == "version = 2\n"

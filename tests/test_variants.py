@@ -150,7 +150,7 @@ def test_a_patch_against_a_changed_file_names_the_hunk(sglang_0_5_23, tmp_path):
 
 
 def test_a_patch_applies_inside_an_enclosing_git_repository(tmp_path):
-    """Results live inside the project's repository; git must not patch that one."""
+    """Variants are built under results/, inside the project's git repository."""
     subprocess.run(["git", "init", "--quiet", str(tmp_path)], check=True)
     tree = tmp_path / "results" / "variants" / "v"
     (tree / "python").mkdir(parents=True)

@@ -20,8 +20,12 @@ from pathlib import Path
 
 import requests as http
 
-from serving_study.client import ServerNeverHealthy, load_requests, run_load
-from serving_study.client import wait_until_healthy
+from serving_study.client import (
+    ServerNeverHealthy,
+    load_requests,
+    run_load,
+    wait_until_healthy,
+)
 from serving_study.local_runtime import LocalServer, free_port
 from serving_study.monitors import RunMonitors
 from serving_study.run_metrics import failed_run_metrics, summarize_run

@@ -270,8 +270,8 @@ def _request_reasons(records: list[dict], arm: dict, checks: dict) -> list[str]:
     warmup_count = sum(1 for r in records if r.get("phase") == "warmup")
     if expected_warmup is not None and warmup_count != expected_warmup:
         reasons.append(
-            f"{warmup_count} requests are marked warm-up, expected "
-            f"{expected_warmup}: warm-up was not excluded as planned"
+            f"warm-up requests in the log: {warmup_count}, expected "
+            f"{expected_warmup}; warm-up was not excluded as planned"
         )
     lag_allowed = checks.get("max_dispatch_lag_ms_allowed")
     lags = _values(measured_records, "dispatch_lag_ms")

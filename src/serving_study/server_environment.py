@@ -1,4 +1,4 @@
-"""The environment a server starts with: the host's, minus thread settings, plus the arm's.
+"""The environment a server starts with: the host's, minus thread knobs, plus the arm's.
 
 An arm's intra-op thread count is part of what it measures, so no thread setting may
 leak into a server from the shell or from Snakemake, which exports OMP_NUM_THREADS

@@ -62,14 +62,15 @@ class SourceMismatch(SourceError):
 def fetch_source(record: dict, dest: Path, download_dir: Path | None = None) -> dict:
     """Lay out the source named by ``record`` at ``dest`` and return its identity.
 
-    When ``dest`` already holds a tree fetched from the same record, that tree's
-    identity is returned without fetching again. ``download_dir`` is an optional
+    When ``dest`` already holds a tree fetched from the same pinned record (pypi or
+    git), that tree's identity is returned without fetching again; a local path,
+    which may have changed, is always copied afresh. ``download_dir`` is an optional
     cache of downloaded wheels: a compatible wheel found there is used without the
     network, and a freshly downloaded one is stored there.
     """
     dest = Path(dest)
     cached = read_identity(dest)
-    if cached is not None and cached.get("record") == record:
+    if cached is not None and cached.get("record") == record and "path" not in record:
         return cached
 
     if "pypi" in record:
@@ -482,12 +483,22 @@ def _download_wheel(
         wheels = sorted(into.glob("*.whl"))
         if result.returncode == 0 and len(wheels) == 1:
             return wheels[0]
-        failures.append(_last_line(result.stderr or result.stdout))
+        failures.append(_pip_failure(result.stderr or result.stdout))
     raise SourceUnavailable(
         f"source {name!r}: could not download {requirement} from PyPI "
         f"({failures[-1]}). If this machine is offline, download the wheel elsewhere "
         "and point the config at it with 'path: /the/wheel.whl' instead of 'pypi:'."
     )
+
+
+def _pip_failure(output: str) -> str:
+    """pip's last error, saying so when the index could not be reached at all."""
+    unreachable = any(
+        sign in output
+        for sign in ("NewConnectionError", "Failed to establish", "Could not fetch URL")
+    )
+    prefix = "the package index could not be reached; " if unreachable else ""
+    return prefix + _last_line(output)
 
 
 def _keep_in_cache(wheel: Path, download_dir: Path) -> None:

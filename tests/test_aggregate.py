@@ -1,0 +1,292 @@
+"""Per-arm medians, ratios, invalid runs and claim verdicts from the
+hand-computed fixture in tests/fixtures/report (its README has the numbers)."""
+
+import copy
+import json
+import math
+from pathlib import Path
+
+import jsonschema
+import pandas as pd
+import pytest
+import yaml
+
+from serving_study.aggregate import (
+    aggregate,
+    read_tables,
+    tables_from_metrics,
+    write_tables,
+)
+from serving_study.run_metrics import METRICS, failed_run_metrics, summarize_run
+
+FIXTURE = Path(__file__).parent / "fixtures" / "report"
+
+
+def fixture_config() -> dict:
+    return yaml.safe_load((FIXTURE / "config.yaml").read_text())
+
+
+def write_fixture_metrics(out_dir: Path) -> list[Path]:
+    """Summarize every fixture run into out_dir/<arm>/run<k>/metrics.json."""
+    arms = {arm["name"]: arm for arm in fixture_config()["arms"]}
+    paths = []
+    for directory in sorted((FIXTURE / "runs").glob("*/run*")):
+        checks = json.loads((directory / "checks.json").read_text())
+        metrics = summarize_run(
+            directory / "requests.jsonl",
+            directory / "monitors.json",
+            arms[directory.parent.name],
+            checks,
+        )
+        path = out_dir / directory.parent.name / directory.name / "metrics.json"
+        path.parent.mkdir(parents=True)
+        path.write_text(json.dumps(metrics))
+        paths.append(path)
+    return paths
+
+
+@pytest.fixture
+def tables(tmp_path) -> dict[str, pd.DataFrame]:
+    return aggregate(write_fixture_metrics(tmp_path), fixture_config())
+
+
+def arm_row(tables, arm: str, metric: str) -> pd.Series:
+    arms = tables["arms"]
+    return arms[(arms["arm"] == arm) & (arms["metric"] == metric)].iloc[0]
+
+
+def test_runs_table_has_every_run_in_config_order(tables):
+    runs = tables["runs"]
+    assert list(zip(runs["arm"], runs["run"], strict=True)) == [
+        ("original", 1),
+        ("original", 2),
+        ("original", 3),
+        ("patched", 1),
+        ("patched", 2),
+        ("patched", 3),
+    ]
+    assert runs["valid"].tolist() == [True, True, True, True, True, False]
+    assert runs["throughput_rps"].tolist() == pytest.approx([2.0, 1.0, 1.6, 4.0, 5.0, 6.0])
+
+
+@pytest.mark.parametrize(
+    ("arm", "metric", "median", "low", "high", "valid"),
+    [
+        ("original", "throughput_rps", 1.6, 1.0, 2.0, 3),
+        ("patched", "throughput_rps", 4.5, 4.0, 5.0, 2),
+        ("original", "ttft_p50_ms", 250.0, 250.0, 400.0, 3),
+        ("patched", "ttft_p50_ms", 55.0, 50.0, 60.0, 2),
+        ("original", "main_cpu_percent", 170.0, 150.0, 190.0, 3),
+        ("patched", "main_cpu_percent", 50.0, 40.0, 60.0, 2),
+        ("original", "output_tokens_per_s", 12.8, 8.0, 16.0, 3),
+    ],
+)
+def test_arm_medians_use_valid_runs_only(tables, arm, metric, median, low, high, valid):
+    row = arm_row(tables, arm, metric)
+    assert row["median"] == pytest.approx(median)
+    assert row["min"] == pytest.approx(low)
+    assert row["max"] == pytest.approx(high)
+    assert row["n_valid"] == valid
+    assert row["n_total"] == 3
+
+
+def test_reference_values_sit_beside_the_medians(tables):
+    assert arm_row(tables, "original", "throughput_rps")["reference"] == 8.6
+    assert arm_row(tables, "patched", "ttft_p50_ms")["reference"] == 342.0
+    assert math.isnan(arm_row(tables, "patched", "e2e_p50_ms")["reference"])
+
+
+def test_no_interval_below_five_runs_and_the_note_says_why(tables):
+    row = arm_row(tables, "original", "throughput_rps")
+    assert math.isnan(row["ci_low"]) and math.isnan(row["ci_high"])
+    assert row["ci_note"] == (
+        "3 valid runs: no bootstrap interval (needs 5); [min, max] covers the "
+        "true median with probability 75%"
+    )
+
+
+def test_five_valid_runs_get_a_reproducible_bootstrap_interval():
+    config = fixture_config()
+    arm = config["arms"][0]
+    records = []
+    for run, value in enumerate([10.0, 11.0, 12.0, 13.0, 30.0], start=1):
+        record = failed_run_metrics(arm, run, "unused")
+        record.update(valid=True, invalid_reasons=[], throughput_rps=value)
+        records.append(record)
+
+    first = tables_from_metrics(records, config)
+    second = tables_from_metrics(records, config)
+    row = arm_row(first, "original", "throughput_rps")
+    assert row["median"] == 12.0
+    assert 10.0 <= row["ci_low"] <= 12.0 <= row["ci_high"] <= 30.0
+    assert row["ci_low"] < row["ci_high"]
+    assert row["ci_note"].startswith("bootstrap percentile interval")
+    assert row["ci_low"] == arm_row(second, "original", "throughput_rps")["ci_low"]
+
+
+def test_ratios_are_of_medians_with_per_block_ratios(tables):
+    ratios = tables["ratios"].set_index("claim")
+    throughput = ratios.loc["patch_recovers_throughput"]
+    assert throughput["numerator_median"] == pytest.approx(4.5)
+    assert throughput["denominator_median"] == pytest.approx(1.6)
+    assert throughput["ratio_of_medians"] == pytest.approx(2.8125)
+    assert throughput["reference_ratio"] == pytest.approx(2.70)
+    assert throughput["paired_blocks"] == 2
+    assert throughput["block_ratios"] == "run1 2; run2 5"
+    assert throughput["block_ratio_min"] == pytest.approx(2.0)
+    assert throughput["block_ratio_max"] == pytest.approx(5.0)
+    # No reference_ratio in the claim: the study's ratio comes from its numbers.
+    assert ratios.loc["patch_cuts_main_cpu", "reference_ratio"] == pytest.approx(
+        44 / 1089
+    )
+
+
+def test_invalid_runs_are_listed_with_their_reasons(tables):
+    invalid = tables["invalid_runs"]
+    assert invalid.to_dict("records") == [
+        {
+            "arm": "patched",
+            "run": 3,
+            "reasons": "1 of 4 measured requests did not complete (first: request 4: "
+            "HTTP 500: engine overloaded <script>alert(1)</script>); dispatch lag "
+            "reached 80.0 ms, above the allowed 50 ms: the client fell behind its "
+            "schedule",
+        }
+    ]
+
+
+def test_verdict_sentences(tables):
+    claims = tables["claims"].set_index("claim")
+    assert claims["verdict"].to_dict() == {
+        "patch_recovers_throughput": "holds",
+        "patch_cuts_main_cpu": "cannot tell",
+        "ttft_alike": "does not hold",
+    }
+    assert claims["sentence"].tolist() == [
+        "patched copy recovers at least 2x throughput: holds here "
+        "(2.81x; 2 of 2 paired runs meet it; study 2.7x)",
+        "patched copy at most halves main-process CPU: cannot tell here "
+        "(patched has 2 valid runs of 3; the claim needs 3; study 0.0404x)",
+        "both arms have alike TTFT: does not hold here (original, patched: "
+        "medians 55 to 250 ms, spread 354.5%, allowed 10%; study 337.7%)",
+    ]
+    assert claims.loc["ttft_alike", "value"] == pytest.approx(250 / 55 - 1)
+
+
+def test_ratio_claim_that_falls_short_says_what_it_needed(tmp_path):
+    config = fixture_config()
+    config["claims"][0]["at_least"] = 3.0
+    tables = aggregate(write_fixture_metrics(tmp_path), config)
+    assert tables["claims"]["sentence"][0] == (
+        "patched copy recovers at least 2x throughput: does not hold here "
+        "(2.81x, the claim needs at least 3x; 1 of 2 paired runs meet it; study 2.7x)"
+    )
+
+
+def test_within_claim_holds_for_close_arms(tmp_path):
+    config = fixture_config()
+    config["claims"] = [
+        {
+            "name": "cpu_alike",
+            "kind": "within",
+            "statement": "both arms use alike cgroup cores",
+            "metric": "scheduler_cpu_percent",
+            "arms": ["original", "patched"],
+            "tolerance": 0.40,
+            "min_valid_runs": 2,
+        }
+    ]
+    tables = aggregate(write_fixture_metrics(tmp_path), config)
+    claim = tables["claims"].iloc[0]
+    # Scheduler CPU medians: original 80, patched 105; 105 / 80 - 1 = 31.25%.
+    assert claim["verdict"] == "holds"
+    assert claim["value"] == pytest.approx(0.3125)
+
+
+def test_crashed_run_counts_in_the_total_but_not_the_median(tmp_path):
+    config = fixture_config()
+    records = [json.loads(p.read_text()) for p in write_fixture_metrics(tmp_path)]
+    records.append(failed_run_metrics(config["arms"][0], 4, "server died at start"))
+
+    tables = tables_from_metrics(records, config)
+    row = arm_row(tables, "original", "throughput_rps")
+    assert (row["median"], row["n_valid"], row["n_total"]) == (1.6, 3, 4)
+    invalid = tables["invalid_runs"]
+    assert invalid[["arm", "run"]].values.tolist() == [["original", 4], ["patched", 3]]
+    assert invalid["reasons"][0] == "server died at start"
+
+
+def test_tables_survive_a_csv_round_trip(tables, tmp_path):
+    paths = write_tables(tables, tmp_path / "tables")
+    assert [path.name for path in paths] == [
+        "runs.csv",
+        "arms.csv",
+        "ratios.csv",
+        "invalid_runs.csv",
+        "claims.csv",
+    ]
+    again = read_tables(tmp_path / "tables")
+    for name, table in tables.items():
+        assert list(again[name].columns) == list(table.columns)
+        assert len(again[name]) == len(table)
+    assert again["claims"]["sentence"].tolist() == tables["claims"]["sentence"].tolist()
+    assert again["runs"]["valid"].tolist() == tables["runs"]["valid"].tolist()
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"metric": "speed"}, "uses metric 'speed'"),
+        ({"numerator": "missing_arm"}, "names arms \\['missing_arm'\\]"),
+        ({"at_least": None}, "needs numerator, denominator and at least one"),
+    ],
+)
+def test_malformed_claims_are_named(change, message):
+    config = fixture_config()
+    config["claims"][0].update(change)
+    with pytest.raises(ValueError, match=message):
+        tables_from_metrics([], config)
+
+
+def test_reference_for_an_unknown_arm_is_refused():
+    config = fixture_config()
+    config["reference"]["arms"][0]["arm"] = "Z"
+    with pytest.raises(ValueError, match="reference.arms names arm 'Z'"):
+        tables_from_metrics([], config)
+
+
+def schema_for_claims() -> dict:
+    fragment = yaml.safe_load((FIXTURE / "claims.schema.yaml").read_text())
+    return {"type": "object", "properties": fragment}
+
+
+def test_fixture_config_matches_the_schema_fragment():
+    jsonschema.validate(fixture_config(), schema_for_claims())
+
+
+def test_schema_fragment_names_exactly_the_run_figures():
+    fragment = yaml.safe_load((FIXTURE / "claims.schema.yaml").read_text())
+    claim_metrics = fragment["claims"]["items"]["properties"]["metric"]["enum"]
+    reference_names = fragment["reference"]["properties"]["arms"]["items"][
+        "propertyNames"
+    ]["enum"]
+    assert claim_metrics == list(METRICS)
+    assert reference_names == ["arm", *METRICS]
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"name": "no_bound", "statement": "s", "metric": "throughput_rps",
+         "numerator": "patched", "denominator": "original"},
+        {"name": "no_tolerance", "kind": "within", "statement": "s",
+         "metric": "throughput_rps", "arms": ["original", "patched"]},
+        {"name": "typo", "statement": "s", "metric": "throughput_rps",
+         "numerator": "patched", "denominator": "original", "at_leats": 2},
+    ],
+)  # fmt: skip
+def test_schema_fragment_rejects_incomplete_claims(broken):
+    config = copy.deepcopy(fixture_config())
+    config["claims"] = [broken]
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(config, schema_for_claims())

@@ -1,0 +1,100 @@
+"""The workflow as Snakemake sees it: lint, format, style, and every config's DAG."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted(
+    str(path.relative_to(ROOT))
+    for path in (ROOT / "config").rglob("*.yaml")
+    if path.name != "config.schema.yaml"
+)
+
+
+def run(*argv: str, cwd: Path = ROOT) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, cwd=cwd, capture_output=True, text=True)
+
+
+def snakemake(*arguments: str) -> subprocess.CompletedProcess:
+    return run(sys.executable, "-m", "snakemake", *arguments)
+
+
+def test_snakemake_lint_is_clean():
+    finished = snakemake("--lint")
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+
+
+def test_snakefmt_is_clean():
+    finished = run(sys.executable, "-m", "snakefmt", "--check", ".")
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+
+
+def test_ruff_is_clean():
+    lint = run(sys.executable, "-m", "ruff", "check", ".")
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    formatting = run(sys.executable, "-m", "ruff", "format", "--check", ".")
+    assert formatting.returncode == 0, formatting.stdout + formatting.stderr
+
+
+def planned_jobs(*arguments: str) -> dict[str, int]:
+    """Rule name -> job count of a dry run, read from Snakemake's job table."""
+    finished = snakemake("-n", *arguments)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    counts, in_table = {}, False
+    for line in finished.stdout.splitlines():
+        if line.startswith("job ") and "count" in line:
+            in_table = True
+            continue
+        if in_table:
+            fields = line.split()
+            if not fields or fields[0] == "total":
+                break
+            if fields[0].startswith("-"):
+                continue
+            counts[fields[0]] = int(fields[1])
+    return counts
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_dry_run_shows_every_arm_and_run(config):
+    import yaml
+
+    experiment = yaml.safe_load((ROOT / config).read_text())
+    expected_runs = sum(arm.get("runs", 3) for arm in experiment["arms"])
+    jobs = planned_jobs("--configfile", config)
+    assert jobs["run_arm"] == expected_runs
+    assert jobs["prepare_variant"] == len(experiment["variants"])
+    assert jobs["make_workload"] == len(experiment["workloads"])
+    assert jobs["report_html"] == 1
+
+
+def test_naming_one_run_schedules_only_that_run_and_what_it_lacks(tmp_path):
+    target = "results/embedded-b1/C/run2/metrics.json"
+    jobs = planned_jobs(
+        "--directory", str(tmp_path), "-s", str(ROOT / "Snakefile"), target
+    )
+    assert jobs == {
+        "fetch_source": 1,
+        "prepare_variant": 1,
+        "make_workload": 1,
+        "preflight": 1,
+        "run_arm": 1,
+    }
+
+
+def test_dry_run_of_b1_names_the_pull_request_variant():
+    finished = snakemake(
+        "-n", "--configfile", "config/b1.yaml", "results/variants/pr48881.json"
+    )
+    assert finished.returncode == 0, finished.stderr
+    assert "prepare_variant" in finished.stdout
+
+
+def test_profiles_parse():
+    import yaml
+
+    for profile in (ROOT / "profiles").glob("*/profile.yaml"):
+        assert isinstance(yaml.safe_load(profile.read_text()), dict), profile
