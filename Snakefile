@@ -9,7 +9,7 @@ min_version("9.27")
 
 if not workflow.overwrite_configfiles:
 
-    configfile: "config/config.yaml"
+    configfile: f"{workflow.basedir}/config/config.yaml"
 
 
 report: "report/workflow.rst"

@@ -70,7 +70,7 @@ def source_of_variant(wildcards):
 
 def patch_of_variant(wildcards):
     patch = VARIANTS[wildcards.variant].get("patch")
-    return [patch] if patch else []
+    return [str(PROJECT_ROOT / patch)] if patch else []
 
 
 def variant_of_arm(wildcards):

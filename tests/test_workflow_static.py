@@ -90,7 +90,7 @@ def test_dry_run_of_b1_names_the_pull_request_variant():
         "-n", "--configfile", "config/b1.yaml", "results/variants/pr48881.json"
     )
     assert finished.returncode == 0, finished.stderr
-    assert "prepare_variant" in finished.stdout
+    assert "prepare_variant" in finished.stdout + finished.stderr
 
 
 def test_profiles_parse():

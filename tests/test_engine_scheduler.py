@@ -1,0 +1,156 @@
+"""The scheduler process: receive path, continuous batching, cleanup on exit."""
+
+from __future__ import annotations
+
+import os
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from serving_study.engine.protocol import (
+    SHM,
+    FeaturePayload,
+    RequestFailed,
+    SchedulerReady,
+    SubmitRequest,
+    TokenBatch,
+)
+from serving_study.engine.scheduler import (
+    SchedulerSettings,
+    TimingModel,
+    start_scheduler,
+)
+from serving_study.engine.segments import SHM_DIRECTORY, unlink_segment
+from serving_study.engine.shm_loader import load_variant_transport
+from serving_study.engine.variant_sources import (
+    download_sglang_wheel,
+    extract_transport_sources,
+)
+
+LOCAL_WHEEL = Path("/tmp/sgl/sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl")
+MESSAGE_TIMEOUT_S = 60
+
+
+@pytest.fixture(scope="session")
+def sglang_0_5_23(tmp_path_factory, pytestconfig) -> Path:
+    if LOCAL_WHEEL.exists():
+        wheel = LOCAL_WHEEL
+    else:
+        wheel = download_sglang_wheel("0.5.23", pytestconfig.cache.mkdir("sglang"))
+    return extract_transport_sources(wheel, tmp_path_factory.mktemp("sglang-0.5.23"))
+
+
+@pytest.fixture
+def scheduler_factory(sglang_0_5_23):
+    """Start scheduler processes; stop them and unlink leftovers afterwards."""
+    variant = load_variant_transport(sglang_0_5_23)
+    started = []
+    segments: list[str] = []
+
+    def start(timing: TimingModel):
+        settings = SchedulerSettings(
+            sglang_source=sglang_0_5_23,
+            mm_utils_sha256=variant.mm_utils_sha256,
+            timing=timing,
+            parent_pid=os.getpid(),
+        )
+        process, connection = start_scheduler(settings)
+        started.append((process, connection))
+        assert connection.poll(MESSAGE_TIMEOUT_S), "scheduler sent no ready message"
+        return process, connection, variant.shm_pointer_class, segments
+
+    yield start
+    for process, connection in started:
+        connection.close()
+        process.join(10)
+        if process.is_alive():
+            process.kill()
+            process.join()
+    for name in segments:
+        unlink_segment(name)
+
+
+def _shm_request(pointer_class, segments, request_id: int, output_tokens: int):
+    pointer = pointer_class(torch.full((64, 1536), float(request_id)))
+    name = pointer.__getstate__()["shm_name"]
+    segments.append(name)
+    payload = FeaturePayload(kind=SHM, pickled=pickle.dumps(pointer), segment_name=name)
+    return SubmitRequest(request_id, (payload,), output_tokens)
+
+
+def _receive(connection):
+    assert connection.poll(MESSAGE_TIMEOUT_S), "scheduler went silent"
+    return connection.recv()
+
+
+def test_continuous_batching_respects_max_running_requests(scheduler_factory):
+    timing = TimingModel(
+        prefill_ms_per_image=50, decode_step_ms=5, max_running_requests=2
+    )
+    process, connection, pointer_class, segments = scheduler_factory(timing)
+    ready = connection.recv()
+    assert isinstance(ready, SchedulerReady)
+    assert ready.pid == process.pid
+    assert ready.torch_num_threads == 1
+    assert ready.receive_path == "materialize"
+
+    output_tokens = {1: 4, 2: 2, 3: 2}
+    for request_id, tokens in output_tokens.items():
+        message = _shm_request(pointer_class, segments, request_id, tokens)
+        connection.send_bytes(pickle.dumps(message))
+
+    order = []
+    finished = set()
+    while finished != set(output_tokens):
+        message = _receive(connection)
+        assert isinstance(message, TokenBatch)
+        for event in message.events:
+            order.append((event.request_id, event.token_index))
+            if event.finished:
+                finished.add(event.request_id)
+                assert event.token_index == output_tokens[event.request_id] - 1
+
+    for request_id, tokens in output_tokens.items():
+        indexes = [index for rid, index in order if rid == request_id]
+        assert indexes == list(range(tokens))
+    # Request 2 joined the running batch while request 1 was decoding ...
+    assert order.index((2, 0)) < order.index((1, 3))
+    # ... and request 3 had to wait for a free slot (2 finished first).
+    assert order.index((3, 0)) > order.index((2, 1))
+    # materialize() unlinked every segment on receipt.
+    assert [name for name in segments if (SHM_DIRECTORY / name).exists()] == []
+
+
+def test_request_whose_segment_vanished_fails_cleanly(scheduler_factory):
+    process, connection, pointer_class, segments = scheduler_factory(TimingModel())
+    connection.recv()
+    message = _shm_request(pointer_class, segments, 7, 3)
+    unlink_segment(message.features[0].segment_name)
+    connection.send_bytes(pickle.dumps(message))
+
+    reply = _receive(connection)
+    assert isinstance(reply, RequestFailed)
+    assert reply.request_id == 7
+    assert "FileNotFoundError" in reply.error
+
+
+def test_scheduler_unlinks_unconsumed_segments_when_the_pipe_closes(
+    scheduler_factory,
+):
+    timing = TimingModel(prefill_ms_per_image=3000, max_running_requests=1)
+    process, connection, pointer_class, segments = scheduler_factory(timing)
+    connection.recv()
+    first = _shm_request(pointer_class, segments, 1, 2)
+    connection.send_bytes(pickle.dumps(first))
+    # Request 2 arrives while request 1's prefill holds the "GPU".
+    second = _shm_request(pointer_class, segments, 2, 2)
+    connection.send_bytes(pickle.dumps(second))
+    assert (SHM_DIRECTORY / second.features[0].segment_name).exists()
+
+    connection.close()
+    process.join(10)
+
+    assert process.exitcode == 0
+    assert [name for name in segments if (SHM_DIRECTORY / name).exists()] == []

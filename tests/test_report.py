@@ -1,0 +1,268 @@
+"""The HTML report: one offline page, escaped strings, every chart's spec, and
+captions that Snakemake can render; built from the fixture in
+tests/fixtures/report."""
+
+import json
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import docutils.core
+import docutils.utils
+import jinja2
+import pytest
+import vl_convert
+import yaml
+
+from serving_study.aggregate import aggregate, write_tables, read_tables
+from serving_study.report import build_report
+from serving_study.report_charts import chart_specs
+from test_aggregate import write_fixture_metrics
+
+ROOT = Path(__file__).parent.parent
+FIXTURE = Path(__file__).parent / "fixtures" / "report"
+HOSTILE = '<script>alert("config")</script>'
+
+
+class PageParts(HTMLParser):
+    """Collects what the tests look at: script tags, links and visible text."""
+
+    def __init__(self):
+        super().__init__()
+        self.scripts: list[dict] = []
+        self.links: list[dict] = []
+        self.text: list[str] = []
+        self._script: dict | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "script":
+            self._script = {"attrs": dict(attrs), "body": ""}
+        if tag in ("link", "img", "iframe"):
+            self.links.append(dict(attrs))
+
+    def handle_endtag(self, tag):
+        if tag == "script" and self._script is not None:
+            self.scripts.append(self._script)
+            self._script = None
+
+    def handle_data(self, data):
+        if self._script is not None:
+            self._script["body"] += data
+        else:
+            self.text.append(data)
+
+    def chart_specs(self) -> dict[str, dict]:
+        return {
+            script["attrs"]["data-chart"]: json.loads(
+                script["body"], parse_constant=refuse_constant
+            )
+            for script in self.scripts
+            if "data-chart" in script["attrs"]
+        }
+
+
+def refuse_constant(name):
+    raise ValueError(f"{name} is not JSON that a browser can parse")
+
+
+def parse(path: Path) -> PageParts:
+    parts = PageParts()
+    parts.feed(path.read_text(encoding="utf-8"))
+    parts.close()
+    return parts
+
+
+def load_inputs(tmp_path: Path, config: dict):
+    tables = aggregate(write_fixture_metrics(tmp_path / "runs"), config)
+    write_tables(tables, tmp_path / "tables")
+    host = json.loads((FIXTURE / "host.json").read_text())
+    variants = [json.loads(p.read_text()) for p in sorted(FIXTURE.glob("variants/*"))]
+    return read_tables(tmp_path / "tables"), host, variants
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    """The fixture's report, built once: (tables, config, page, figures dir)."""
+    tmp_path = tmp_path_factory.mktemp("report")
+    config = yaml.safe_load((FIXTURE / "config.yaml").read_text())
+    tables, host, variants = load_inputs(tmp_path, config)
+    page = tmp_path / "report.html"
+    written = build_report(
+        tables, config, host, variants, page, figures_dir=tmp_path / "figures"
+    )
+    return {
+        "tables": tables,
+        "config": config,
+        "page": page,
+        "figures": tmp_path / "figures",
+        "written": written,
+    }
+
+
+def test_page_parses_and_loads_nothing_from_the_network(built):
+    parts = parse(built["page"])
+    assert parts.scripts, "the page has no scripts: the charts cannot render"
+    assert all("src" not in script["attrs"] for script in parts.scripts)
+    assert all(
+        not str(link.get("href") or link.get("src") or "").startswith(("http", "//"))
+        for link in parts.links
+    )
+    # The inlined libraries define vegaEmbed, which the last script calls.
+    assert "window.vegaEmbed=" in parts.scripts[0]["body"]
+    assert "vegaEmbed(" in parts.scripts[-1]["body"]
+
+
+def test_page_carries_every_shown_chart_spec(built):
+    specs = chart_specs(built["tables"], built["config"])
+    embedded = parse(built["page"]).chart_specs()
+    # One concurrency in the fixture: Figure 1 stays off the page.
+    assert embedded == {"chart-arm_comparison": specs["arm_comparison"]}
+
+
+def test_page_states_verdicts_setup_and_tables(built):
+    text = " ".join(parse(built["page"]).text)
+    for sentence in built["tables"]["claims"]["sentence"]:
+        assert sentence in text
+    assert "1 of 6 runs was invalid" in text
+    assert "fixture-host" in text
+    assert "Example Xeon" in text
+    assert "2026-01-01 10:00 to 2026-01-01 10:25 UTC" in text
+    assert "envs/patches/pr48881.diff" in text
+    assert "1.6 [1–2]" in text  # original throughput: median [min–max]
+    assert "4.5 [4–5]" in text  # patched, run 3 left out
+    assert "run1 2; run2 5" in text
+
+
+def test_strings_from_logs_are_escaped(built):
+    html = built["page"].read_text(encoding="utf-8")
+    assert "<script>alert(1)</script>" not in html
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html
+
+
+def test_strings_from_config_are_escaped_in_text_and_in_chart_specs(tmp_path):
+    config = yaml.safe_load((FIXTURE / "config.yaml").read_text())
+    config["experiment"] = f"exp {HOSTILE}"
+    config["description"] = f"about {HOSTILE}"
+    config["arms"][0]["variant"] = HOSTILE
+    tables, host, variants = load_inputs(tmp_path, config)
+    host["cpu_model"] = HOSTILE
+    page = tmp_path / "report.html"
+    build_report(tables, config, host, variants, page)
+
+    html = page.read_text(encoding="utf-8")
+    assert HOSTILE not in html
+    assert html.count("&lt;script&gt;alert(&quot;config&quot;)&lt;/script&gt;") >= 4
+    parts = parse(page)
+    # Only our own scripts: bundle, one spec, embedder.
+    assert len(parts.scripts) == 3
+    spec = parts.chart_specs()["chart-arm_comparison"]
+    assert HOSTILE in json.dumps(spec)  # the data is intact once parsed
+
+
+def test_several_concurrencies_put_figure_1_on_the_page(tmp_path):
+    config = yaml.safe_load((FIXTURE / "config.yaml").read_text())
+    config["arms"][1]["concurrency"] = 16
+    tables, host, variants = load_inputs(tmp_path, config)
+    page = tmp_path / "report.html"
+    build_report(tables, config, host, variants, page)
+
+    embedded = parse(page).chart_specs()
+    assert list(embedded) == [
+        "chart-throughput_vs_concurrency",
+        "chart-arm_comparison",
+    ]
+    assert embedded["chart-throughput_vs_concurrency"] == chart_specs(tables, config)[
+        "throughput_vs_concurrency"
+    ]
+
+
+def test_each_figure_and_table_has_its_own_offline_page(built):
+    figures = built["figures"]
+    names = sorted(path.name for path in figures.iterdir())
+    assert names == [
+        "arm_comparison.html",
+        "arm_comparison.vl.json",
+        "table_arms.html",
+        "table_claims.html",
+        "table_invalid_runs.html",
+        "table_ratios.html",
+        "table_runs.html",
+        "throughput_vs_concurrency.html",
+        "throughput_vs_concurrency.vl.json",
+    ]
+    assert sorted(built["written"]) == sorted([built["page"], *figures.iterdir()])
+    specs = chart_specs(built["tables"], built["config"])
+    for name, spec in specs.items():
+        assert json.loads((figures / f"{name}.vl.json").read_text()) == spec
+        parts = parse(figures / f"{name}.html")
+        assert parts.chart_specs() == {f"chart-{name}": spec}
+        assert all("src" not in script["attrs"] for script in parts.scripts)
+    claims_page = parse(figures / "table_claims.html")
+    assert not claims_page.scripts
+    assert "cannot tell" in " ".join(claims_page.text)
+
+
+def test_chart_specs_render_with_the_arms_and_the_study_numbers(built):
+    specs = chart_specs(built["tables"], built["config"])
+    svg = vl_convert.vegalite_to_svg(specs["arm_comparison"])
+    for expected in ("original", "patched", "study", "reproduction", "TTFT p50"):
+        assert expected in svg
+    svg = vl_convert.vegalite_to_svg(specs["throughput_vs_concurrency"])
+    assert "concurrency" in svg
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs node")
+def test_inlined_bundle_runs_and_specs_parse_in_javascript(built, tmp_path):
+    # Run the page's own scripts in node: the bundle must define vegaEmbed
+    # without any import, and every spec block must be valid JSON for JS.
+    checker = tmp_path / "check.js"
+    checker.write_text(
+        """
+const html = require("fs").readFileSync(process.argv[2], "utf8");
+const blocks = [...html.matchAll(/<script([^>]*)>([\\s\\S]*?)<\\/script>/g)];
+globalThis.window = globalThis;
+(0, eval)(blocks[0][2]);
+if (typeof window.vegaEmbed !== "function") throw new Error("no vegaEmbed");
+const specs = blocks.filter(b => b[1].includes("data-chart")).map(b => JSON.parse(b[2]));
+console.log(specs.length, specs.map(s => s.title.text || s.title).join("|"));
+"""
+    )
+    result = subprocess.run(
+        ["node", str(checker), str(built["page"])],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == (
+        "1 Figure 4: arms side by side, with the study's numbers"
+    )
+
+
+class FakeSnakemake:
+    """What a caption sees: config, and wildcards that may lack a name."""
+
+    def __init__(self, config: dict):
+        self.config = config
+        self.wildcards = type("Wildcards", (), {"experiment": config["experiment"]})()
+
+
+@pytest.mark.parametrize(
+    "caption", sorted((ROOT / "report").glob("*.rst")), ids=lambda path: path.name
+)
+def test_captions_render_as_restructured_text(caption):
+    config = yaml.safe_load((FIXTURE / "config.yaml").read_text())
+    environment = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
+    source = environment.from_string(caption.read_text()).render(
+        snakemake=FakeSnakemake(config)
+    )
+    html = docutils.core.publish_parts(
+        source,
+        writer_name="html",
+        settings_overrides={"halt_level": docutils.utils.Reporter.WARNING_LEVEL},
+    )["html_body"]
+    assert html.strip()
+    if caption.name == "workflow.rst":
+        assert "fixture-2x3" in html
