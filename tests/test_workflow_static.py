@@ -87,7 +87,7 @@ def test_naming_one_run_schedules_only_that_run_and_what_it_lacks(tmp_path):
 
 def test_dry_run_of_b1_names_the_pull_request_variant():
     finished = snakemake(
-        "-n", "--configfile", "config/b1.yaml", "results/variants/pr48881.json"
+        "-n", "results/variants/pr48881.json", "--configfile", "config/b1.yaml"
     )
     assert finished.returncode == 0, finished.stderr
     assert "prepare_variant" in finished.stdout + finished.stderr
