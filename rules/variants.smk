@@ -15,6 +15,7 @@ rule fetch_source:
         "../envs/workflow.yaml"
     params:
         record=lambda wildcards: SOURCES[wildcards.source],
+        download_dir="resources/downloads",
     script:
         "../scripts/fetch_source.py"
 

@@ -66,7 +66,9 @@ def test_runs_table_has_every_run_in_config_order(tables):
         ("patched", 3),
     ]
     assert runs["valid"].tolist() == [True, True, True, True, True, False]
-    assert runs["throughput_rps"].tolist() == pytest.approx([2.0, 1.0, 1.6, 4.0, 5.0, 6.0])
+    assert runs["throughput_rps"].tolist() == pytest.approx(
+        [2.0, 1.0, 1.6, 4.0, 5.0, 6.0]
+    )
 
 
 @pytest.mark.parametrize(

@@ -93,8 +93,12 @@ BAD_CONFIGS = {
         "variants[1].patch: '/etc/passwd' does not match",
     ),
     "pull request on a PyPI source": (
+        lambda c: set_key(c, ["variants", 0, "pull_request"], 48881),
+        "variants[0].pull_request: a pull request can only be applied to a git source",
+    ),
+    "patch and pull request together": (
         lambda c: set_key(c, ["variants", 1, "pull_request"], 48881),
-        "variants[1].pull_request: a pull request can only be applied to a git source",
+        "variants[1]: give either 'patch' or 'pull_request', not both",
     ),
     "source with two origins": (
         lambda c: set_key(c, ["sources", 0, "path"], "/tmp/sglang.whl"),

@@ -18,7 +18,7 @@ import yaml
 from serving_study.aggregate import aggregate, read_tables, write_tables
 from serving_study.report import build_report
 from serving_study.report_charts import chart_specs
-from test_aggregate import write_fixture_metrics
+from serving_study.run_metrics import summarize_run
 
 ROOT = Path(__file__).parent.parent
 FIXTURE = Path(__file__).parent / "fixtures" / "report"
@@ -73,8 +73,26 @@ def parse(path: Path) -> PageParts:
     return parts
 
 
+def write_fixture_metrics(config: dict, out_dir: Path) -> list[Path]:
+    """Summarize every fixture run into out_dir/<arm>-run<k>.json."""
+    arms = {arm["name"]: arm for arm in config["arms"]}
+    out_dir.mkdir(parents=True)
+    paths = []
+    for directory in sorted((FIXTURE / "runs").glob("*/run*")):
+        metrics = summarize_run(
+            directory / "requests.jsonl",
+            directory / "monitors.json",
+            arms[directory.parent.name],
+            json.loads((directory / "checks.json").read_text()),
+        )
+        path = out_dir / f"{directory.parent.name}-{directory.name}.json"
+        path.write_text(json.dumps(metrics))
+        paths.append(path)
+    return paths
+
+
 def load_inputs(tmp_path: Path, config: dict):
-    tables = aggregate(write_fixture_metrics(tmp_path / "runs"), config)
+    tables = aggregate(write_fixture_metrics(config, tmp_path / "runs"), config)
     write_tables(tables, tmp_path / "tables")
     host = json.loads((FIXTURE / "host.json").read_text())
     variants = [json.loads(p.read_text()) for p in sorted(FIXTURE.glob("variants/*"))]
@@ -236,7 +254,8 @@ const blocks = [...html.matchAll(/<script([^>]*)>([\\s\\S]*?)<\\/script>/g)];
 globalThis.window = globalThis;
 (0, eval)(blocks[0][2]);
 if (typeof window.vegaEmbed !== "function") throw new Error("no vegaEmbed");
-const specs = blocks.filter(b => b[1].includes("data-chart")).map(b => JSON.parse(b[2]));
+const specs = blocks.filter(b => b[1].includes("data-chart"))
+  .map(b => JSON.parse(b[2]));
 console.log(specs.length, specs.map(s => s.title.text || s.title).join("|"));
 """
     )

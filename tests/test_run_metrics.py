@@ -25,7 +25,9 @@ def fixture_arm(name: str) -> dict:
 
 
 def fixture_checks(arm: str, run: int) -> dict:
-    return json.loads((FIXTURE / "runs" / arm / f"run{run}" / "checks.json").read_text())
+    return json.loads(
+        (FIXTURE / "runs" / arm / f"run{run}" / "checks.json").read_text()
+    )
 
 
 def summarize_fixture(arm: str, run: int, **overrides) -> dict:
@@ -228,7 +230,9 @@ def test_missing_monitor_summary_is_a_reason_and_leaves_figures_null(tmp_path):
 
 
 def test_failed_run_has_null_figures_and_the_reason():
-    metrics = failed_run_metrics(fixture_arm("patched"), 2, "server never became healthy")
+    metrics = failed_run_metrics(
+        fixture_arm("patched"), 2, "server never became healthy"
+    )
 
     assert metrics["arm"] == "patched"
     assert metrics["run"] == 2

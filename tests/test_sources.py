@@ -123,12 +123,15 @@ def test_a_commit_missing_upstream_fails_and_leaves_nothing(upstream, tmp_path):
     assert leftovers(tmp_path / "sources") == []
 
 
-def test_a_short_commit_is_refused(upstream, tmp_path):
+def test_an_abbreviated_commit_resolves_and_the_full_sha_is_recorded(
+    upstream, tmp_path
+):
     repository, (first, _) = upstream
-    record = {"name": "fake", "git": {"url": str(repository), "commit": first[:7]}}
+    record = {"name": "fake", "git": {"url": str(repository), "commit": first[:8]}}
 
-    with pytest.raises(SourceMismatch, match="not a full 40-hex commit"):
-        fetch_source(record, tmp_path / "fake")
+    identity = fetch_source(record, tmp_path / "fake")
+
+    assert identity["commit"] == first
 
 
 def test_a_commit_without_the_package_is_refused(upstream, tmp_path):

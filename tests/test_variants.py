@@ -1,7 +1,7 @@
 """Building code variants, with the PR #48881 patch on the real sglang 0.5.23 file.
 
-The real source comes from PyPI once and is then kept in pytest's cache directory
-(``.pytest_cache/d/sglang-wheels``), so later runs need no network.
+The real source comes from PyPI once and is then kept, with its unpacked tree, in
+pytest's cache directory (``.pytest_cache/d/``), so later runs need no network.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Optional
 import pytest
 import torch
 
-from serving_study.sources import fetch_source, file_sha256
+from serving_study.sources import fetch_source, file_sha256, tree_sha256
 from serving_study.variants import PatchDoesNotApply, apply_patch, prepare_variant
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -33,11 +33,12 @@ SOURCE_RECORD = {
 
 
 @pytest.fixture(scope="session")
-def sglang_0_5_23(pytestconfig, tmp_path_factory) -> tuple[Path, dict]:
-    """The real sglang 0.5.23 source tree and its identity."""
-    tree = tmp_path_factory.mktemp("sources") / "sglang-0.5.23"
+def sglang_0_5_23(pytestconfig) -> tuple[Path, dict]:
+    """The real sglang 0.5.23 source tree and its identity (kept between runs)."""
+    tree = pytestconfig.cache.mkdir("sglang-sources") / "sglang-0.5.23"
     wheels = pytestconfig.cache.mkdir("sglang-wheels")
     identity = fetch_source(SOURCE_RECORD, tree, download_dir=wheels)
+    assert tree_sha256(tree / "python") == identity["tree_sha256"], "cache altered"
     return tree, identity
 
 

@@ -145,15 +145,19 @@ class _Outcome:
 async def _stream_chat(
     session: aiohttp.ClientSession, url: str, body: bytes, outcome: _Outcome
 ) -> None:
-    """Send one request and read its SSE stream to [DONE], filling `outcome`."""
+    """Send one request and read its SSE stream to [DONE], filling `outcome`.
+
+    Only the events up to the first token are decoded on the way; later ones are
+    kept as bytes and decoded at [DONE] only as far as needed (usage normally sits
+    in the last one), which keeps the client's CPU per request low.
+    """
     async with session.post(url, data=body) as response:
         outcome.status = response.status
         if response.status != 200:
             text = await response.text(errors="replace")
             outcome.error = f"HTTP {response.status}: {text[:300]}"
             return
-        token_chunks = 0
-        usage_tokens = None
+        after_first_token: list[bytes] = []
         pending = b""
         async for data in response.content.iter_any():
             pending += data
@@ -165,26 +169,37 @@ async def _stream_chat(
                 if payload is None:
                     continue
                 if payload == b"[DONE]":
-                    outcome.output_tokens = (
-                        usage_tokens if usage_tokens is not None else token_chunks
-                    )
+                    _finish(outcome, after_first_token)
                     return
+                if outcome.first_token_at is not None and b'"error"' not in payload:
+                    after_first_token.append(payload)
+                    continue
                 chunk = json.loads(payload)
                 if "error" in chunk:
                     outcome.error = f"error event in stream: {chunk['error']}"[:300]
                     return
-                if _has_token(chunk):
-                    token_chunks += 1
-                    if outcome.first_token_at is None:
-                        outcome.first_token_at = time.monotonic()
-                usage = chunk.get("usage")
-                if usage and usage.get("completion_tokens") is not None:
-                    usage_tokens = usage["completion_tokens"]
+                if outcome.first_token_at is None and _has_token(chunk):
+                    outcome.first_token_at = time.monotonic()
+                    after_first_token.append(payload)
         outcome.error = "stream ended before [DONE]"
+
+
+def _finish(outcome: _Outcome, after_first_token: list[bytes]) -> None:
+    """Output tokens from the stream's usage chunk, else by counting token chunks."""
+    for payload in reversed(after_first_token[-2:]):
+        usage = json.loads(payload).get("usage")
+        if usage and usage.get("completion_tokens") is not None:
+            outcome.output_tokens = usage["completion_tokens"]
+            return
+    outcome.output_tokens = sum(
+        1 for payload in after_first_token if _has_token(json.loads(payload))
+    )
 
 
 def _event_data(event: bytes) -> bytes | None:
     """The data of one SSE event (its `data:` lines joined), or None if it has none."""
+    if event.startswith(b"data: ") and b"\n" not in event:
+        return event[6:].strip()  # the usual one-line event
     lines = [
         line[5:].lstrip(b" ")
         for line in event.split(b"\n")

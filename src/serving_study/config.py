@@ -126,6 +126,8 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
                 f"{where}.patch: {variant['patch']!r} does not exist; put the patch "
                 "file under envs/patches/"
             )
+        if "pull_request" in variant and "patch" in variant:
+            problems.append(f"{where}: give either 'patch' or 'pull_request', not both")
         if "pull_request" in variant:
             source = sources.get(variant["source"], {})
             if "git" not in source:

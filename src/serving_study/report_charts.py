@@ -19,6 +19,7 @@ import math
 import altair as alt
 import pandas as pd
 
+from serving_study.aggregate import describe_environment
 from serving_study.run_metrics import METRICS
 
 REPRODUCTION = "reproduction"
@@ -62,25 +63,21 @@ def series_labels(config: dict) -> dict[str, str]:
     transport also differ in variant, quota or environment, those attributes
     are added to the label so that the lines stay apart.
     """
-    attributes = ("transport", "variant", "cpu_quota", "environment")
 
-    def value(arm, attribute):
-        raw = arm.get(attribute)
+    def describe(arm: dict, attribute: str) -> str:
         if attribute == "environment":
-            raw = " ".join(f"{k}={v}" for k, v in sorted((raw or {}).items()))
-            return raw or "default environment"
+            return describe_environment(arm.get("environment"))
         if attribute == "cpu_quota":
-            return f"quota {raw}"
-        return str(raw)
+            return f"quota {arm.get('cpu_quota')}"
+        return str(arm.get(attribute))
 
-    varying = [
+    varying = ["transport"] + [
         attribute
-        for attribute in attributes
-        if len({value(arm, attribute) for arm in config["arms"]}) > 1
-        or attribute == "transport"
+        for attribute in ("variant", "cpu_quota", "environment")
+        if len({describe(arm, attribute) for arm in config["arms"]}) > 1
     ]
     return {
-        arm["name"]: ", ".join(value(arm, attribute) for attribute in varying)
+        arm["name"]: ", ".join(describe(arm, attribute) for attribute in varying)
         for arm in config["arms"]
     }
 
@@ -96,7 +93,9 @@ def throughput_vs_concurrency(tables: dict[str, pd.DataFrame], config: dict) -> 
     lines = pd.concat(
         [
             summary.assign(source=REPRODUCTION, value=summary["median"]),
-            summary.assign(source=STUDY, value=summary["reference"]),
+            summary.assign(
+                source=STUDY, value=summary["reference"], min=math.nan, max=math.nan
+            ),
         ]
     )
     lines = lines.dropna(subset=["value"])

@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -36,6 +37,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
+
+logger = logging.getLogger(__name__)
 
 IDENTITY_FILE = "source.json"
 PACKAGE = "sglang"
@@ -141,20 +144,19 @@ def _fetch_git(record: dict, staging: Path, download_dir: Path | None) -> dict:
     pin = record["git"]
     url, commit = pin["url"], pin["commit"]
     name = record["name"]
-    if not FULL_COMMIT.fullmatch(commit):
-        raise SourceMismatch(
-            f"source {name!r}: commit {commit!r} is not a full 40-hex commit. "
-            f"Pin the full sha (git rev-parse {commit})."
-        )
     with tempfile.TemporaryDirectory(dir=staging.parent, prefix=".git-") as work:
         repository = Path(work)
         remote = _git_remote(url)
         _run_git(["init", "--quiet"], repository)
         _require_reachable(f"source {name!r}", remote, repository)
-        fetched = _try_git(
-            ["fetch", "--quiet", "--depth=1", remote, commit], repository
+        # A server gives a commit by sha only when the whole sha is asked for; an
+        # abbreviated one (all the study published for B1's base) needs the history.
+        fetched = (
+            _try_git(["fetch", "--quiet", "--depth=1", remote, commit], repository)
+            if FULL_COMMIT.fullmatch(commit)
+            else None
         )
-        if fetched.returncode != 0:
+        if fetched is None or fetched.returncode != 0:
             # Some servers refuse a commit asked for by sha: take all branches and tags.
             _try_git(
                 [
@@ -170,11 +172,21 @@ def _fetch_git(record: dict, staging: Path, download_dir: Path | None) -> dict:
         resolved = _try_git(
             ["rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"], repository
         )
-        if resolved.returncode != 0 or resolved.stdout.strip() != commit:
+        full_commit = resolved.stdout.strip()
+        if resolved.returncode != 0 or not full_commit.startswith(commit):
             raise SourceMismatch(
                 f"source {name!r}: commit {commit} was not found in {url}. Check the "
-                "commit in the config: it must be a full 40-hex sha that exists there."
+                "commit in the config: it must be a sha (best all 40 digits) that "
+                "exists there."
             )
+        if full_commit != commit:
+            logger.warning(
+                "source %r: abbreviated commit %s resolved to %s; pin the full sha",
+                name,
+                commit,
+                full_commit,
+            )
+        commit = full_commit
         if _try_git(
             ["cat-file", "-e", f"{commit}:python/{PACKAGE}"], repository
         ).returncode:

@@ -18,8 +18,8 @@ process and unpickle in another process that loaded the same files.
 """
 
 from __future__ import annotations
-
 import __future__
+
 import ast
 import builtins
 import hashlib
