@@ -1,6 +1,7 @@
 # Aggregation and the report: per-run figures, medians over valid runs, ratios and
-# the study's claims as tables (CSV), and one self-contained HTML page that puts the
-# study's numbers beside ours.
+# the study's claims as tables (CSV), one self-contained HTML page that puts the
+# study's numbers beside ours, and the same figures and tables as items of
+# Snakemake's own report (snakemake --report).
 
 
 rule aggregate:
@@ -8,13 +9,7 @@ rule aggregate:
         metrics=run_metrics_files(),
     output:
         runs="results/{experiment}/tables/runs.csv",
-        arms=report(
-            "results/{experiment}/tables/arms.csv",
-            caption="../report/arms_table.rst",
-            category="{experiment}",
-            subcategory="Tables",
-            labels={"table": "arms"},
-        ),
+        arms="results/{experiment}/tables/arms.csv",
         ratios="results/{experiment}/tables/ratios.csv",
         invalid_runs="results/{experiment}/tables/invalid_runs.csv",
         claims="results/{experiment}/tables/claims.csv",
@@ -30,11 +25,7 @@ rule aggregate:
 
 rule report_html:
     input:
-        runs=rules.aggregate.output.runs,
-        arms=rules.aggregate.output.arms,
-        ratios=rules.aggregate.output.ratios,
-        invalid_runs=rules.aggregate.output.invalid_runs,
-        claims=rules.aggregate.output.claims,
+        tables=rules.aggregate.output,
         host="results/{experiment}/host.json",
         variants=variant_identity_files(),
     output:
@@ -42,7 +33,57 @@ rule report_html:
             "results/{experiment}/report.html",
             caption="../report/report_page.rst",
             category="{experiment}",
-            labels={"page": "study report"},
+            subcategory="Report page",
+            labels={"item": "whole report"},
+        ),
+        figure_1=report(
+            "results/{experiment}/figures/throughput_vs_concurrency.html",
+            caption="../report/throughput_vs_concurrency.rst",
+            category="{experiment}",
+            subcategory="Figures",
+            labels={"item": "Figure 1: throughput vs concurrency"},
+        ),
+        figure_4=report(
+            "results/{experiment}/figures/arm_comparison.html",
+            caption="../report/arm_comparison.rst",
+            category="{experiment}",
+            subcategory="Figures",
+            labels={"item": "Figure 4: arms side by side"},
+        ),
+        arms_table=report(
+            "results/{experiment}/figures/table_arms.html",
+            caption="../report/table_arms.rst",
+            category="{experiment}",
+            subcategory="Tables",
+            labels={"item": "arms: medians beside the study"},
+        ),
+        claims_table=report(
+            "results/{experiment}/figures/table_claims.html",
+            caption="../report/table_claims.rst",
+            category="{experiment}",
+            subcategory="Tables",
+            labels={"item": "claims and verdicts"},
+        ),
+        ratios_table=report(
+            "results/{experiment}/figures/table_ratios.html",
+            caption="../report/table_ratios.rst",
+            category="{experiment}",
+            subcategory="Tables",
+            labels={"item": "ratios between arms"},
+        ),
+        invalid_runs_table=report(
+            "results/{experiment}/figures/table_invalid_runs.html",
+            caption="../report/table_invalid_runs.rst",
+            category="{experiment}",
+            subcategory="Tables",
+            labels={"item": "invalid runs and why"},
+        ),
+        runs_table=report(
+            "results/{experiment}/figures/table_runs.html",
+            caption="../report/table_runs.rst",
+            category="{experiment}",
+            subcategory="Tables",
+            labels={"item": "every run"},
         ),
     log:
         "results/logs/report_html/{experiment}.log",

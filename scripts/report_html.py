@@ -12,10 +12,10 @@ sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO)
 
 build_report(
-    read_tables(Path(snakemake.input.arms).parent),
+    read_tables(Path(snakemake.input.tables[0]).parent),
     config=snakemake.params.config,
     host=json.loads(Path(snakemake.input.host).read_text()),
     variants=[json.loads(Path(path).read_text()) for path in snakemake.input.variants],
     out_html=Path(snakemake.output.html),
-    figures_dir=None,
+    figures_dir=Path(snakemake.output.figure_1).parent,
 )

@@ -154,3 +154,38 @@ def test_scheduler_unlinks_unconsumed_segments_when_the_pipe_closes(
 
     assert process.exitcode == 0
     assert [name for name in segments if (SHM_DIRECTORY / name).exists()] == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("version", "receive_path"), [("0.5.9", "unpickle"), ("0.5.16", "materialize")]
+)
+def test_older_releases_take_their_own_receive_path(
+    version, receive_path, tmp_path, pytestconfig
+):
+    wheel = download_sglang_wheel(version, pytestconfig.cache.mkdir("sglang"))
+    sglang_root = extract_transport_sources(wheel, tmp_path)
+    variant = load_variant_transport(sglang_root)
+    settings = SchedulerSettings(
+        sglang_source=sglang_root,
+        mm_utils_sha256=variant.mm_utils_sha256,
+        timing=TimingModel(prefill_ms_per_image=1, decode_step_ms=1),
+        parent_pid=os.getpid(),
+    )
+    process, connection = start_scheduler(settings)
+    segments: list[str] = []
+    try:
+        assert _receive(connection).receive_path == receive_path
+        message = _shm_request(variant.shm_pointer_class, segments, 1, 2)
+        connection.send_bytes(pickle.dumps(message))
+        events = [event for _ in range(2) for event in _receive(connection).events]
+        assert [(event.token_index, event.finished) for event in events] == [
+            (0, False),
+            (1, True),
+        ]
+        assert not (SHM_DIRECTORY / segments[0]).exists()
+    finally:
+        connection.close()
+        process.join(10)
+        for name in segments:
+            unlink_segment(name)

@@ -211,9 +211,25 @@ def describe_host(engine: dict, arms: list[dict]) -> dict:
     }
 
 
-def unmet_needs(host: dict, engine: dict) -> list[str]:
+def quota_problem() -> str | None:
+    """Why no CPU-quota cgroup can be made here, or None when one can."""
+    from serving_study.cgroups import CpuQuotaGroup, QuotaUnavailable
+
+    try:
+        probe = CpuQuotaGroup.create(f"preflight-{os.getpid()}", 0.5)
+    except QuotaUnavailable as error:
+        return str(error)
+    probe.remove()
+    return None
+
+
+def unmet_needs(host: dict, engine: dict, arms: list[dict]) -> list[str]:
     """What the experiment needs that this host lacks, one sentence each."""
     needs = []
+    if engine["runtime"] == "local" and any(quota_cores(arm) for arm in arms):
+        problem = quota_problem()
+        if problem:
+            needs.append(f"arms with a cpu_quota need a CPU-quota cgroup: {problem}")
     if engine["engine"] == "sglang" and not host["gpu"]["gpus"]:
         needs.append(
             "engine 'sglang' runs sglang.launch_server with a real model and needs an "

@@ -123,7 +123,6 @@ li.does-not-hold, tr.does-not-hold td.verdict { color: #a32020; }
 li.cannot-tell, tr.cannot-tell td.verdict { color: #8a6d00; }
 .verdicts li { margin-bottom: 0.3em; }
 .note { color: #555; font-size: 0.9em; }
-code { font-size: 0.85em; word-break: break-all; }
 figure { margin: 1em 0 2em; }
 """
 
@@ -298,13 +297,13 @@ def verdict_class(verdict: str) -> str:
 
 def setup_html(tables: dict[str, pd.DataFrame], config: dict, host: dict) -> str:
     host_rows = [
-        ["host", describe(host.get("hostname"))],
-        ["CPU", describe(host.get("cpu_model"))],
-        ["visible CPUs", describe(host.get("cpu_count"))],
-        ["CPU quota (host)", describe(host.get("quota"))],
-        ["GPU", describe(host.get("gpu"))],
-        ["engine", describe(host.get("engine"))],
-        ["versions", describe(host.get("versions"))],
+        ["host", recorded(host, "hostname")],
+        ["CPU", recorded(host, "cpu_model")],
+        ["visible CPUs", recorded(host, "cpu_count")],
+        ["CPU quota (host)", recorded(host, "quota")],
+        ["GPU", recorded(host, "gpu")],
+        ["engine", recorded(host, "engine")],
+        ["versions", recorded(host, "versions")],
         ["runs measured", run_dates(tables["runs"])],
     ]
     host_rows += [
@@ -627,11 +626,16 @@ def text(value) -> str:
 
 
 def describe(value) -> str:
+    """A config or host value as text; nested values as compact JSON."""
     if value is None:
         return "none"
     if isinstance(value, dict | list):
         return json.dumps(value, sort_keys=True)
     return text(value)
+
+
+def recorded(host: dict, key: str) -> str:
+    return describe(host[key]) if key in host else "not recorded"
 
 
 def ratio_text(value) -> str:
