@@ -164,6 +164,14 @@ def test_a_name_still_holding_processes_is_refused():
             process.wait(timeout=5)
 
 
+@needs_cgroups
+def test_a_period_other_than_the_default_is_written_and_read_back():
+    with CpuQuotaGroup.create(unique_name(), 1.5, period_us=50_000) as group:
+        quota = group.quota_in_force()
+    assert (quota["quota_us"], quota["period_us"]) == (75_000, 50_000)
+    assert quota["cores"] == pytest.approx(1.5)
+
+
 def test_bad_quota_arguments_are_refused_before_touching_the_system():
     with pytest.raises(ValueError, match="quota_cores must be positive"):
         CpuQuotaGroup.create("x", 0)

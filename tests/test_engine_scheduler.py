@@ -23,7 +23,11 @@ from serving_study.engine.scheduler import (
     start_scheduler,
 )
 from serving_study.engine.segments import SHM_DIRECTORY, unlink_segment
-from serving_study.engine.shm_loader import load_variant_transport
+from serving_study.engine.shm_loader import (
+    MM_UTILS_RELATIVE_PATH,
+    VariantTransport,
+    load_variant_transport,
+)
 from serving_study.engine.variant_sources import (
     download_sglang_wheel,
     extract_transport_sources,
@@ -42,34 +46,53 @@ def sglang_0_5_23(tmp_path_factory, pytestconfig) -> Path:
     return extract_transport_sources(wheel, tmp_path_factory.mktemp("sglang-0.5.23"))
 
 
-@pytest.fixture
-def scheduler_factory(sglang_0_5_23):
-    """Start scheduler processes; stop them and unlink leftovers afterwards."""
-    variant = load_variant_transport(sglang_0_5_23)
-    started = []
-    segments: list[str] = []
+@pytest.fixture(scope="module")
+def variant(sglang_0_5_23):
+    return load_variant_transport(sglang_0_5_23)
 
-    def start(timing: TimingModel):
-        settings = SchedulerSettings(
-            sglang_source=sglang_0_5_23,
-            mm_utils_sha256=variant.mm_utils_sha256,
-            timing=timing,
-            parent_pid=os.getpid(),
-        )
-        process, connection = start_scheduler(settings)
-        started.append((process, connection))
-        assert connection.poll(MESSAGE_TIMEOUT_S), "scheduler sent no ready message"
-        return process, connection, variant.shm_pointer_class, segments
 
-    yield start
-    for process, connection in started:
-        connection.close()
-        process.join(10)
-        if process.is_alive():
-            process.kill()
-            process.join()
-    for name in segments:
+@pytest.fixture(scope="module")
+def segments():
+    """Names of segments the tests create; unlinked if a test left any."""
+    names: list[str] = []
+    yield names
+    for name in names:
         unlink_segment(name)
+
+
+def _start(variant: VariantTransport, timing: TimingModel):
+    sglang_root = variant.mm_utils_path.parents[len(MM_UTILS_RELATIVE_PATH.parts) - 1]
+    settings = SchedulerSettings(
+        sglang_source=sglang_root,
+        mm_utils_sha256=variant.mm_utils_sha256,
+        timing=timing,
+        parent_pid=os.getpid(),
+    )
+    process, connection = start_scheduler(settings)
+    assert connection.poll(MESSAGE_TIMEOUT_S), "scheduler sent no ready message"
+    return process, connection
+
+
+def _stop(process, connection) -> None:
+    connection.close()
+    process.join(10)
+    if process.is_alive():
+        process.kill()
+        process.join()
+
+
+@pytest.fixture(scope="module")
+def batching_scheduler(variant):
+    """A scheduler with room for two running requests, and its ready message."""
+    timing = TimingModel(
+        prefill_ms_per_image=50, decode_step_ms=5, max_running_requests=2
+    )
+    process, connection = _start(variant, timing)
+    ready = connection.recv()
+    try:
+        yield process, connection, ready
+    finally:
+        _stop(process, connection)
 
 
 def _shm_request(pointer_class, segments, request_id: int, output_tokens: int):
@@ -85,12 +108,11 @@ def _receive(connection):
     return connection.recv()
 
 
-def test_continuous_batching_respects_max_running_requests(scheduler_factory):
-    timing = TimingModel(
-        prefill_ms_per_image=50, decode_step_ms=5, max_running_requests=2
-    )
-    process, connection, pointer_class, segments = scheduler_factory(timing)
-    ready = connection.recv()
+def test_continuous_batching_respects_max_running_requests(
+    batching_scheduler, variant, segments
+):
+    process, connection, ready = batching_scheduler
+    pointer_class = variant.shm_pointer_class
     assert isinstance(ready, SchedulerReady)
     assert ready.pid == process.pid
     assert ready.torch_num_threads == 1
@@ -123,10 +145,11 @@ def test_continuous_batching_respects_max_running_requests(scheduler_factory):
     assert [name for name in segments if (SHM_DIRECTORY / name).exists()] == []
 
 
-def test_request_whose_segment_vanished_fails_cleanly(scheduler_factory):
-    process, connection, pointer_class, segments = scheduler_factory(TimingModel())
-    connection.recv()
-    message = _shm_request(pointer_class, segments, 7, 3)
+def test_request_whose_segment_vanished_fails_cleanly(
+    batching_scheduler, variant, segments
+):
+    _, connection, _ = batching_scheduler
+    message = _shm_request(variant.shm_pointer_class, segments, 7, 3)
     unlink_segment(message.features[0].segment_name)
     connection.send_bytes(pickle.dumps(message))
 
@@ -136,12 +159,11 @@ def test_request_whose_segment_vanished_fails_cleanly(scheduler_factory):
     assert "FileNotFoundError" in reply.error
 
 
-def test_scheduler_unlinks_unconsumed_segments_when_the_pipe_closes(
-    scheduler_factory,
-):
+def test_scheduler_unlinks_unconsumed_segments_when_the_pipe_closes(variant, segments):
     timing = TimingModel(prefill_ms_per_image=3000, max_running_requests=1)
-    process, connection, pointer_class, segments = scheduler_factory(timing)
+    process, connection = _start(variant, timing)
     connection.recv()
+    pointer_class = variant.shm_pointer_class
     first = _shm_request(pointer_class, segments, 1, 2)
     connection.send_bytes(pickle.dumps(first))
     # Request 2 arrives while request 1's prefill holds the "GPU".
@@ -149,11 +171,11 @@ def test_scheduler_unlinks_unconsumed_segments_when_the_pipe_closes(
     connection.send_bytes(pickle.dumps(second))
     assert (SHM_DIRECTORY / second.features[0].segment_name).exists()
 
-    connection.close()
-    process.join(10)
+    _stop(process, connection)
 
     assert process.exitcode == 0
-    assert [name for name in segments if (SHM_DIRECTORY / name).exists()] == []
+    assert (SHM_DIRECTORY / first.features[0].segment_name).exists() is False
+    assert (SHM_DIRECTORY / second.features[0].segment_name).exists() is False
 
 
 @pytest.mark.slow
@@ -165,18 +187,12 @@ def test_older_releases_take_their_own_receive_path(
 ):
     wheel = download_sglang_wheel(version, pytestconfig.cache.mkdir("sglang"))
     sglang_root = extract_transport_sources(wheel, tmp_path)
-    variant = load_variant_transport(sglang_root)
-    settings = SchedulerSettings(
-        sglang_source=sglang_root,
-        mm_utils_sha256=variant.mm_utils_sha256,
-        timing=TimingModel(prefill_ms_per_image=1, decode_step_ms=1),
-        parent_pid=os.getpid(),
-    )
-    process, connection = start_scheduler(settings)
+    older = load_variant_transport(sglang_root)
+    process, connection = _start(older, TimingModel(decode_step_ms=1))
     segments: list[str] = []
     try:
         assert _receive(connection).receive_path == receive_path
-        message = _shm_request(variant.shm_pointer_class, segments, 1, 2)
+        message = _shm_request(older.shm_pointer_class, segments, 1, 2)
         connection.send_bytes(pickle.dumps(message))
         events = [event for _ in range(2) for event in _receive(connection).events]
         assert [(event.token_index, event.finished) for event in events] == [
@@ -185,7 +201,6 @@ def test_older_releases_take_their_own_receive_path(
         ]
         assert not (SHM_DIRECTORY / segments[0]).exists()
     finally:
-        connection.close()
-        process.join(10)
+        _stop(process, connection)
         for name in segments:
             unlink_segment(name)

@@ -150,21 +150,26 @@ def start_engine(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def engine(sglang_0_5_23, tmp_path_factory):
-    log_path = tmp_path_factory.mktemp("engine") / "server.log"
-    running = EngineProcess(
-        sglang_0_5_23,
-        log_path,
-        "--prefill-ms-per-image",
-        "5",
-        "--decode-step-ms",
-        "2",
-    )
-    try:
-        running.wait_healthy()
-        yield running
-    finally:
-        running.stop()
+def engine_pool(sglang_0_5_23, tmp_path_factory):
+    """One engine for the module, restarted if a test (SIGTERM) stopped it."""
+    started: list[EngineProcess] = []
+
+    def running() -> EngineProcess:
+        if not started or started[-1].process.poll() is not None:
+            log_path = tmp_path_factory.mktemp("engine") / "server.log"
+            timing = ("--prefill-ms-per-image", "5", "--decode-step-ms", "2")
+            started.append(EngineProcess(sglang_0_5_23, log_path, *timing))
+            started[-1].wait_healthy()
+        return started[-1]
+
+    yield running
+    for engine in started:
+        engine.stop()
+
+
+@pytest.fixture
+def engine(engine_pool) -> EngineProcess:
+    return engine_pool()
 
 
 def _chat_body(image_url: str, max_tokens: int, stream: bool) -> dict:
@@ -323,42 +328,16 @@ def test_scheduler_is_a_titled_child_of_the_server(engine):
     assert READY_LINE in engine.log()
 
 
-# --- signals -------------------------------------------------------------------
+# --- signals (the SIGTERM test stops the module's engine, so it comes last) ---
 
 
-def test_sigterm_ends_requests_stops_scheduler_and_unlinks_segments(
+def test_killed_scheduler_turns_requests_into_500s(
     start_engine, sglang_0_5_23_patched, image_url
 ):
     engine = start_engine(sglang_0_5_23_patched, "--decode-step-ms", "20")
     info = requests.get(engine.url("/server_info"), timeout=10).json()
     patched_file = sglang_0_5_23_patched / MM_UTILS_RELATIVE_PATH
     assert info["mm_utils_path"] == str(patched_file.resolve())
-    scheduler_pid = info["scheduler_pid"]
-
-    response = requests.post(
-        engine.url("/v1/chat/completions"),
-        json=_chat_body(image_url, max_tokens=1000, stream=True),
-        stream=True,
-        timeout=REQUEST_TIMEOUT_S,
-    )
-    lines = response.iter_lines()
-    assert b'"role": "assistant"' in next(line for line in lines if line)
-    engine.process.send_signal(signal.SIGTERM)
-    remaining = [line for line in lines if line]  # ends instead of hanging
-
-    assert engine.process.wait(30) == 0
-    assert b"data: [DONE]" not in remaining
-    assert _wait_for_exit(scheduler_pid, 10)
-    assert _segments_of(engine.pid) == []
-
-
-def test_killed_scheduler_turns_requests_into_500s(
-    start_engine, sglang_0_5_23, image_url
-):
-    engine = start_engine(sglang_0_5_23, "--decode-step-ms", "20")
-    scheduler_pid = requests.get(engine.url("/server_info"), timeout=10).json()[
-        "scheduler_pid"
-    ]
     in_flight = requests.post(
         engine.url("/v1/chat/completions"),
         json=_chat_body(image_url, max_tokens=1000, stream=True),
@@ -368,8 +347,8 @@ def test_killed_scheduler_turns_requests_into_500s(
     lines = in_flight.iter_lines()
     next(line for line in lines if line)
 
-    os.kill(scheduler_pid, signal.SIGKILL)
-    tail = [line for line in lines if line]
+    os.kill(info["scheduler_pid"], signal.SIGKILL)
+    tail = [line for line in lines if line]  # ends instead of hanging
     assert b'"code": 500' in tail[-1]
 
     after = requests.post(
@@ -395,9 +374,32 @@ def test_scheduler_exits_when_the_server_is_killed(start_engine, sglang_0_5_23):
     assert _wait_for_exit(scheduler_pid, 10)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU")
 def test_cuda_ipc_without_a_gpu_exits_with_advice(sglang_0_5_23, tmp_path):
     log_path = tmp_path / "server.log"
     engine = EngineProcess(sglang_0_5_23, log_path, "--transport", "cuda_ipc")
     assert engine.process.wait(60) == 2
     assert "transport cuda_ipc needs a CUDA GPU; use transport: cpu" in engine.log()
+
+
+def test_sigterm_ends_requests_stops_scheduler_and_unlinks_segments(engine, image_url):
+    scheduler_pid = requests.get(engine.url("/server_info"), timeout=10).json()[
+        "scheduler_pid"
+    ]
+    response = requests.post(
+        engine.url("/v1/chat/completions"),
+        json=_chat_body(image_url, max_tokens=5000, stream=True),
+        stream=True,
+        timeout=REQUEST_TIMEOUT_S,
+    )
+    lines = response.iter_lines()
+    assert b'"role": "assistant"' in next(line for line in lines if line)
+    engine.process.send_signal(signal.SIGTERM)
+    remaining = [line for line in lines if line]  # ends instead of hanging
+
+    assert engine.process.wait(30) == 0
+    assert b"data: [DONE]" not in remaining
+    assert _wait_for_exit(scheduler_pid, 10)
+    assert _segments_of(engine.pid) == []
+    assert "stop requested" in engine.log()

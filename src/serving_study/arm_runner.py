@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
 import requests as http
 
 from serving_study.client import (
@@ -127,25 +128,13 @@ def measure(
     monitors: dict,
     paths: RunPaths,
 ) -> tuple[dict, dict]:
-    """Warm-up, then the measured requests inside the monitors' window."""
+    """Warm-up, then the measured requests inside the monitors' window.
+
+    Warm-up and measured requests form one closed loop at the arm's concurrency:
+    the window opens as the first measured request is sent, with the pipeline
+    already full, and closes when the last measured request ends.
+    """
     chat_requests = load_requests(workload_manifest)
-    model = engine["embedded"]["served_model_name"]
-    warmup_path = paths.requests.with_suffix(".warmup.jsonl")
-    if client["warmup_requests"]:
-        log.info("warm-up: %d requests", client["warmup_requests"])
-        asyncio.run(
-            run_load(
-                base_url,
-                chat_requests,
-                concurrency=arm["concurrency"],
-                measured_requests=client["warmup_requests"],
-                warmup_requests=0,
-                output_tokens=arm["output_tokens"],
-                model=model,
-                out_path=warmup_path,
-                progress=False,
-            )
-        )
     server.remember_tree()
     run_monitors = RunMonitors(
         server.pid,
@@ -154,10 +143,11 @@ def measure(
         thread_sample_hz=monitors["thread_sample_hz"],
         gpu={"auto": None, "on": True, "off": False}[monitors["gpu"]],
     )
+    window: dict = {}
     try:
-        run_monitors.start_window()
         log.info(
-            "measured: %d requests at concurrency %d",
+            "%d warm-up then %d measured requests at concurrency %d",
+            client["warmup_requests"],
             arm["requests"],
             arm["concurrency"],
         )
@@ -167,56 +157,42 @@ def measure(
                 chat_requests,
                 concurrency=arm["concurrency"],
                 measured_requests=arm["requests"],
-                warmup_requests=0,
+                warmup_requests=client["warmup_requests"],
                 output_tokens=arm["output_tokens"],
-                model=model,
+                model=engine["embedded"]["served_model_name"],
                 out_path=paths.requests,
                 progress=True,
+                request_timeout_s=client["request_timeout_s"],
+                on_measured_start=run_monitors.start_window,
+                on_measured_end=lambda: window.update(run_monitors.stop_window()),
             )
         )
-        window = run_monitors.stop_window()
     finally:
         run_monitors.stop()
-    merge_warmup_into(paths.requests, warmup_path)
-    return window, summary_as_dict(summary)
+    if not window:
+        raise ArmFailed("the measured window never closed (the client stopped early)")
+    return window, summary.to_dict()
 
 
-def merge_warmup_into(requests_path: Path, warmup_path: Path) -> None:
-    """One requests.jsonl: warm-up lines first, marked phase "warmup"."""
-    if not warmup_path.exists():
-        return
-    warmup_lines = []
-    for line in warmup_path.read_text().splitlines():
-        record = json.loads(line)
-        record["phase"] = "warmup"
-        warmup_lines.append(json.dumps(record))
-    measured = requests_path.read_text()
-    requests_path.write_text("\n".join(warmup_lines) + "\n" + measured)
-    warmup_path.unlink()
-
-
-def summary_as_dict(summary) -> dict:
-    if isinstance(summary, dict):
-        return summary
-    if hasattr(summary, "__dataclass_fields__"):
-        from dataclasses import asdict
-
-        return asdict(summary)
-    return dict(vars(summary))
+def environment_seen(pid: int, names) -> dict:
+    """The values of ``names`` in the running server's own environment (/proc)."""
+    try:
+        environment = psutil.Process(pid).environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return {name: None for name in names}
+    return {name: environment.get(name) for name in names}
 
 
 def validity_checks(
     arm: dict, client: dict, server_info: dict, window: dict, server: LocalServer
 ) -> dict:
     quota = server.group.quota_in_force() if server.group else {}
-    seen_environment = server_info.get("environment", {})
+    expected = dict(arm.get("environment", {}))
     return {
         "quota_expected_cores": quota_cores(arm),
         "quota_in_force_cores": quota.get("cores"),
-        "environment_expected": dict(arm.get("environment", {})),
-        "environment_seen": {
-            name: seen_environment.get(name) for name in arm.get("environment", {})
-        },
+        "environment_expected": expected,
+        "environment_seen": environment_seen(server.pid, expected),
         "torch_threads_seen": server_info.get("torch_num_threads"),
         "server_restarted": bool(window.get("server_pids_changed")),
         "max_dispatch_lag_ms_allowed": client["max_dispatch_lag_ms"],

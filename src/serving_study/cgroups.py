@@ -317,9 +317,6 @@ class CpuQuotaGroup(CpuGroup):
             quota_text = "max" if quota_us is None else str(quota_us)
             _write(self.cpu_directory / "cpu.max", f"{quota_text} {period_us}")
         else:
-            # The kernel checks the quota against the period in force, so lift the
-            # quota first, then set the period, then the new quota.
-            _write(self.cpu_directory / "cpu.cfs_quota_us", "-1")
             _write(self.cpu_directory / "cpu.cfs_period_us", str(period_us))
             quota_text = "-1" if quota_us is None else str(quota_us)
             _write(self.cpu_directory / "cpu.cfs_quota_us", quota_text)

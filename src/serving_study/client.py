@@ -26,6 +26,7 @@ import base64
 import collections
 import hashlib
 import json
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -445,7 +446,7 @@ def wait_until_healthy(
     base_url: str,
     timeout_s: float,
     *,
-    process=None,
+    process: subprocess.Popen | None = None,
     poll_s: float = 0.25,
 ) -> float:
     """Poll GET /health until it answers 200; return the seconds it took.

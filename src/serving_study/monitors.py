@@ -18,11 +18,11 @@ medians/maxima. `stop_window()` returns a JSON-serialisable dict (monitors.json)
 
 from __future__ import annotations
 
+import os
 import statistics
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import psutil
@@ -127,18 +127,26 @@ def _cpu_seconds_if_alive(process: psutil.Process) -> float | None:
 
 
 def _thread_run_nanoseconds(pid: int) -> dict[int, int]:
-    """CPU time of every thread of `pid` in ns (schedstat; absent threads skipped)."""
-    run_time = {}
-    task_directory = Path(f"/proc/{pid}/task")
+    """CPU time of every thread of `pid` in ns (schedstat; absent threads skipped).
+
+    Plain os calls on string paths: with hundreds of OpenMP threads this runs once a
+    second over hundreds of files, and pathlib would cost four times as much.
+    """
+    task_directory = f"/proc/{pid}/task/"
     try:
-        thread_ids = [int(name) for name in (p.name for p in task_directory.iterdir())]
+        thread_ids = os.listdir(task_directory)
     except OSError:
-        return run_time
+        return {}
+    run_time = {}
     for thread_id in thread_ids:
         try:
-            with open(task_directory / str(thread_id) / "schedstat", "rb") as file:
-                run_time[thread_id] = int(file.read().split(maxsplit=1)[0])
-        except (OSError, ValueError, IndexError):
+            descriptor = os.open(f"{task_directory}{thread_id}/schedstat", os.O_RDONLY)
+            try:
+                first_field = os.read(descriptor, 64).split(b" ", 1)[0]
+            finally:
+                os.close(descriptor)
+            run_time[int(thread_id)] = int(first_field)
+        except (OSError, ValueError):
             continue
     return run_time
 

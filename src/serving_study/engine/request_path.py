@@ -85,10 +85,6 @@ class PreparedImages:
     # CUDA tensors whose IPC handles are in flight: the producer keeps them.
     gpu_tensors: list = field(default_factory=list)
 
-    @property
-    def segment_names(self) -> list[str]:
-        return [p.segment_name for p in self.payloads if p.segment_name]
-
 
 class RequestPath:
     """Prepares each request's images for the scheduler, with the variant's class."""

@@ -128,7 +128,9 @@ def run_scheduler(settings: SchedulerSettings, connection: Connection) -> None:
             f"{transport.mm_utils_path} changed after the main process loaded "
             "it; restart the engine"
         )
-    scheduler = Scheduler(settings, transport.materializes, connection, torch)
+    scheduler = Scheduler(
+        settings, transport.materializes, connection, torch.cuda.is_available()
+    )
     try:
         scheduler.send(
             SchedulerReady(
@@ -165,14 +167,13 @@ class Scheduler:
         settings: SchedulerSettings,
         materializes: bool,
         connection: Connection,
-        torch_module,
+        has_gpu: bool,
     ) -> None:
         self._settings = settings
         self._timing = settings.timing
         self._materializes = materializes
         self._connection = connection
-        self._torch = torch_module
-        self._has_gpu = torch_module.cuda.is_available()
+        self._has_gpu = has_gpu
         self._inbox: deque[bytes] = deque()
         self._waiting: deque[WaitingRequest] = deque()
         self._running: dict[int, RunningRequest] = {}
@@ -321,17 +322,23 @@ class Scheduler:
     # --- the pipe ----------------------------------------------------------------
 
     def _wait(self, seconds: float, stop_when_message_arrives: bool) -> None:
-        """Sleep up to `seconds`, buffering messages that arrive meanwhile."""
+        """Sleep up to `seconds`, buffering messages that arrive meanwhile.
+
+        With `stop_when_message_arrives`, return as soon as something came,
+        after taking in everything that is already there.
+        """
         deadline = time.perf_counter() + seconds
-        while (remaining := deadline - time.perf_counter()) > 0:
-            try:
+        try:
+            while (remaining := deadline - time.perf_counter()) > 0:
                 if not self._connection.poll(remaining):
                     return
                 self._inbox.append(self._connection.recv_bytes())
-            except (EOFError, OSError) as error:
-                raise MainProcessGone from error
-            if stop_when_message_arrives:
-                return
+                if stop_when_message_arrives:
+                    while self._connection.poll(0):
+                        self._inbox.append(self._connection.recv_bytes())
+                    return
+        except (EOFError, OSError) as error:
+            raise MainProcessGone from error
 
     def send(self, message: object) -> None:
         try:

@@ -17,6 +17,9 @@ from serving_study.engine.shm_loader import (
     STALE_SHM_CLEANUP_RELATIVE_PATH,
 )
 
+WHEEL_PYTHON_VERSION = "3.11"
+WHEEL_PLATFORM = "manylinux_2_34_x86_64"
+
 
 def download_sglang_wheel(version: str, directory: Path) -> Path:
     """Download SGLang's wheel (no dependencies) with pip; return its path.
@@ -27,6 +30,8 @@ def download_sglang_wheel(version: str, directory: Path) -> Path:
     existing = sorted(directory.glob(f"sglang-{version}-*.whl"))
     if existing:
         return existing[0]
+    # Only the Python sources are used, so any build of the release will do:
+    # ask for one that exists whatever this host's Python and glibc are.
     command = [
         sys.executable,
         "-m",
@@ -34,6 +39,12 @@ def download_sglang_wheel(version: str, directory: Path) -> Path:
         "download",
         "--no-deps",
         "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        WHEEL_PYTHON_VERSION,
+        "--platform",
+        WHEEL_PLATFORM,
         "--dest",
         str(directory),
         f"sglang=={version}",
