@@ -20,7 +20,7 @@ rule run_arm:
     priority: arm_run_priority
     conda:
         "../envs/workflow.yaml"
-    threads: workflow.cores
+    threads: WHOLE_HOST
     params:
         arm=lambda wildcards: ARMS[wildcards.arm],
         engine=engine_settings(),

@@ -22,6 +22,10 @@ except ConfigError as error:
     sys.exit(f"Config error (nothing was run):\n{error}")
 
 
+# A measurement owns the host: Snakemake caps a job's threads at --cores, so asking
+# for more than any host has keeps every other job off the machine during an arm.
+WHOLE_HOST = 4096
+
 EXPERIMENT = config["experiment"]
 SOURCES = {source["name"]: source for source in config["sources"]}
 VARIANTS = {variant["name"]: variant for variant in config["variants"]}
