@@ -1,1 +1,1 @@
-"""Reproduce multimodal-serving performance studies: variants, workloads, arms, report."""
+"""Reproduce multimodal-serving studies: variants, workloads, arms, monitors, report."""
