@@ -19,27 +19,13 @@ from typing import Optional
 import pytest
 import torch
 
-from serving_study.sources import fetch_source, file_sha256, tree_sha256
+from serving_study.sources import fetch_source, file_sha256
 from serving_study.variants import PatchDoesNotApply, apply_patch, prepare_variant
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 PATCH = "envs/patches/pr48881-shm-copy-without-thread-fanout.patch"
 MM_UTILS = "python/sglang/srt/managers/mm_utils.py"
 PATCHED_LINE = "shm.buf[:] = tensor.detach().view(torch.uint8).reshape(-1).numpy()"
-SOURCE_RECORD = {
-    "name": "sglang-0.5.23",
-    "pypi": {"package": "sglang", "version": "0.5.23"},
-}
-
-
-@pytest.fixture(scope="session")
-def sglang_0_5_23(pytestconfig) -> tuple[Path, dict]:
-    """The real sglang 0.5.23 source tree and its identity (kept between runs)."""
-    tree = pytestconfig.cache.mkdir("sglang-sources") / "sglang-0.5.23"
-    wheels = pytestconfig.cache.mkdir("sglang-wheels")
-    identity = fetch_source(SOURCE_RECORD, tree, download_dir=wheels)
-    assert tree_sha256(tree / "python") == identity["tree_sha256"], "cache altered"
-    return tree, identity
 
 
 def patched_variant(tree: Path, identity: dict, dest: Path) -> dict:

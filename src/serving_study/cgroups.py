@@ -294,6 +294,7 @@ class CpuQuotaGroup(CpuGroup):
             )
 
         own = _layout_for("self")
+        _check_room_for_groups(own)
         try:
             if own.version == 2:
                 layout = _create_v2(own.cpu_directory, name)
@@ -361,6 +362,24 @@ def wrap_command(group: CpuGroup, argv: list[str]) -> list[str]:
     helper = Path(__file__).with_name("cgroup_exec.py")
     joins = [part for path in group.procs_files() for part in ("--join", str(path))]
     return [sys.executable, "-I", "-S", str(helper), *joins, "--", *argv]
+
+
+def _check_room_for_groups(own: _Layout) -> None:
+    """Explain the two ways a host can refuse before anything is created."""
+    for directory in {own.cpu_directory, own.usage_directory}:
+        if not directory.is_dir():
+            raise QuotaUnavailable(
+                f"This process's own cgroup {directory} is not visible in the "
+                "mounted cgroup filesystem (a container with a partial view?), so no "
+                f"group can be created below it. {NO_QUOTA_HINT}"
+            )
+    if own.version == 2 and "cpu" not in _v2_controllers(own.cpu_directory):
+        raise QuotaUnavailable(
+            f"The cpu controller is not delegated to this process's cgroup "
+            f"{own.cpu_directory} (its cgroup.controllers lacks `cpu`), so a CPU "
+            "quota cannot be set below it. Run as root on the host, or under "
+            f"`systemd-run --scope -p Delegate=yes`. {NO_QUOTA_HINT}"
+        )
 
 
 def _write(path: Path, text: str) -> None:

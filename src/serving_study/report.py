@@ -94,16 +94,6 @@ TABLE_TITLES = {
     "runs": "Every run",
 }
 
-HOST_KEYS_FIRST = (
-    "hostname",
-    "cpu_model",
-    "cpu_count",
-    "quota",
-    "gpu",
-    "engine",
-    "versions",
-)
-
 EMBED_OPTIONS = {
     "renderer": "svg",
     "actions": {"export": True, "source": True, "compiled": False, "editor": False},
@@ -296,21 +286,7 @@ def verdict_class(verdict: str) -> str:
 
 
 def setup_html(tables: dict[str, pd.DataFrame], config: dict, host: dict) -> str:
-    host_rows = [
-        ["host", recorded(host, "hostname")],
-        ["CPU", recorded(host, "cpu_model")],
-        ["visible CPUs", recorded(host, "cpu_count")],
-        ["CPU quota (host)", recorded(host, "quota")],
-        ["GPU", recorded(host, "gpu")],
-        ["engine", recorded(host, "engine")],
-        ["versions", recorded(host, "versions")],
-        ["runs measured", run_dates(tables["runs"])],
-    ]
-    host_rows += [
-        [key, describe(value)]
-        for key, value in sorted(host.items())
-        if key not in HOST_KEYS_FIRST
-    ]
+    host_rows = host_summary_rows(host) + [["runs measured", run_dates(tables["runs"])]]
     if (config.get("reference") or {}).get("source"):
         host_rows.append(
             ["study numbers from", describe(config["reference"]["source"])]
@@ -352,11 +328,11 @@ def setup_html(tables: dict[str, pd.DataFrame], config: dict, host: dict) -> str
 def variants_html(variants: list[dict]) -> str:
     rows = []
     for variant in variants:
-        patch = variant.get("patch") or {}
+        patch = variant.get("patch") or variant.get("pull_request") or {}
         rows.append(
             [
                 describe(variant.get("name")),
-                describe(variant.get("source")),
+                source_text(variant.get("source") or {}),
                 describe(patch.get("file")) if patch else "none (unpatched)",
                 describe(patch.get("sha256")) if patch else "",
                 describe(variant.get("mm_utils_sha256")),
@@ -364,6 +340,72 @@ def variants_html(variants: list[dict]) -> str:
         )
     header = ["variant", "source", "patch", "patch sha256", "mm_utils.py sha256"]
     return html_table(header, rows)
+
+
+def source_text(source: dict) -> str:
+    """One line naming where a variant's engine source came from, with its hash."""
+    kind = source.get("kind")
+    if kind == "pypi":
+        return (
+            f"PyPI {source.get('package')} {source.get('version')} "
+            f"({source.get('file')}, sha256 {source.get('sha256')})"
+        )
+    if kind == "git":
+        return f"git {source.get('url')} at {source.get('commit')}"
+    if kind == "path":
+        return f"local copy {source.get('path')} (sha256 {source.get('sha256')})"
+    return describe(source)
+
+
+def host_summary_rows(host: dict) -> list[list[str]]:
+    """The host description (results/<experiment>/host.json) as readable rows."""
+    if not host:
+        return [["host", "not recorded"]]
+    gpu = host.get("gpu") or {}
+    gpus = gpu.get("gpus") or []
+    gpu_text = (
+        "; ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in gpus)
+        + f", driver {gpu.get('driver')}"
+        if gpus
+        else f"none ({gpu.get('reason') or 'not recorded'})"
+    )
+    runtimes = []
+    for name, runtime in sorted((host.get("container_runtimes") or {}).items()):
+        if not runtime.get("installed"):
+            runtimes.append(f"{name}: not installed")
+        else:
+            state = (
+                "engine running"
+                if runtime.get("engine_reachable")
+                else ("engine not running")
+            )
+            runtimes.append(f"{runtime.get('version')} ({state})")
+    versions = host.get("versions") or {}
+    return [
+        ["host", describe(host.get("hostname"))],
+        [
+            "CPU",
+            f"{describe(host.get('cpu_model'))}: {describe(host.get('visible_cpus'))} "
+            f"visible of {describe(host.get('cpu_count'))}",
+        ],
+        ["memory", f"{describe(host.get('memory_gib'))} GiB"],
+        [
+            "kernel, cgroup",
+            f"{describe(host.get('kernel'))}, "
+            f"cgroup {describe(host.get('cgroup_version'))}",
+        ],
+        ["GPU", gpu_text],
+        [
+            "engine, runtime",
+            f"{describe(host.get('engine'))}, {describe(host.get('runtime'))}",
+        ],
+        ["container runtimes", "; ".join(runtimes) or "not recorded"],
+        ["free /dev/shm", f"{describe(host.get('shared_memory_free_mib'))} MiB"],
+        [
+            "software",
+            ", ".join(f"{name} {version}" for name, version in versions.items()),
+        ],
+    ]
 
 
 def run_dates(runs: pd.DataFrame) -> str:
@@ -632,10 +674,6 @@ def describe(value) -> str:
     if isinstance(value, dict | list):
         return json.dumps(value, sort_keys=True)
     return text(value)
-
-
-def recorded(host: dict, key: str) -> str:
-    return describe(host[key]) if key in host else "not recorded"
 
 
 def ratio_text(value) -> str:

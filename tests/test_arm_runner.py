@@ -1,0 +1,170 @@
+"""One (arm, run) when things go wrong: the run is recorded as failed, nothing leaks.
+
+Each test runs the real arm runner with the real embedded engine on a tiny workload
+and breaks something: a server that never becomes healthy, a scheduler or a main
+process killed in the middle of the measured requests. Afterwards the run's outputs
+all exist (so the study goes on and the report can list the failure), the run is
+not valid, and no process, cgroup or shared-memory segment of the run is left.
+"""
+
+import json
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from serving_study.arm_runner import RunPaths, run_arm
+from serving_study.variants import prepare_variant
+from serving_study.workloads import generate_workload
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the arms' CPU quota is a cgroup only root can create"
+)
+
+ENGINE = {
+    "engine": "embedded",
+    "runtime": "local",
+    "embedded": {
+        "served_model_name": "test-model",
+        "prefill_ms_per_image": 5,
+        "decode_step_ms": 20,
+        "max_running_requests": 64,
+        "scheduler_busy_fraction": 0,
+    },
+    "sglang": {},
+}
+CLIENT = {
+    "warmup_requests": 2,
+    "health_timeout_s": 60,
+    "request_timeout_s": 60,
+    "max_dispatch_lag_ms": 100,
+}
+MONITORS = {"sample_hz": 10, "thread_sample_hz": 1, "gpu": "off"}
+ARM = {
+    "name": "faulty",
+    "variant": "original",
+    "workload": "tiny",
+    "transport": "cpu",
+    "cpu_quota": 1.0,
+    "environment": {},
+    "concurrency": 4,
+    "requests": 40,
+    "output_tokens": 16,
+    "runs": 1,
+}
+
+
+@pytest.fixture(scope="module")
+def variant(sglang_0_5_23, tmp_path_factory) -> dict:
+    tree, identity = sglang_0_5_23
+    dest = tmp_path_factory.mktemp("variant") / "original"
+    record = {"name": "original", "source": "sglang-0.5.23"}
+    return prepare_variant(record, tree, identity, None, dest)
+
+
+@pytest.fixture(scope="module")
+def workload(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("workload") / "tiny"
+    spec = {"name": "tiny", "seed": 1, "images": 4, "width": 256, "height": 256}
+    generate_workload(spec | {"format": "png", "content": "noise"}, out)
+    return out / "manifest.json"
+
+
+def run_paths(directory: Path) -> RunPaths:
+    directory.mkdir(parents=True, exist_ok=True)
+    return RunPaths(
+        metrics=directory / "metrics.json",
+        requests=directory / "requests.jsonl",
+        monitors=directory / "monitors.json",
+        provenance=directory / "provenance.json",
+        server_log=directory / "server.log",
+    )
+
+
+def run(variant: dict, workload: Path, directory: Path, arm: dict = ARM) -> dict:
+    return run_arm(
+        experiment="faults",
+        arm=arm,
+        run=1,
+        variant=variant,
+        workload_manifest=workload,
+        engine=ENGINE,
+        client=CLIENT,
+        monitors=MONITORS,
+        paths=run_paths(directory),
+    )
+
+
+def own_descendants() -> list[psutil.Process]:
+    return psutil.Process().children(recursive=True)
+
+
+def kill_once_measuring(pick, signal_number=signal.SIGKILL) -> threading.Thread:
+    """Kill the process ``pick`` chooses once the scheduler has served a while."""
+
+    def watch():
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            schedulers = [
+                process
+                for process in own_descendants()
+                if process.cmdline()[:1] == ["sglang::scheduler"]
+            ]
+            if schedulers:
+                time.sleep(3.0)  # past start-up and warm-up, into the measured run
+                os.kill(pick(schedulers[0]).pid, signal_number)
+                return
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    return watcher
+
+
+def assert_nothing_left(directory: Path) -> None:
+    for name in ("metrics.json", "requests.jsonl", "monitors.json", "provenance.json"):
+        assert (directory / name).exists(), name
+    assert not [p for p in own_descendants() if p.status() != psutil.STATUS_ZOMBIE]
+    assert not list(Path("/dev/shm").glob("sgl_shm_*"))
+    for hierarchy in ("cpu", "cpuacct"):
+        parent = Path("/sys/fs/cgroup") / hierarchy / "serving-study"
+        if parent.exists():
+            assert not [p for p in parent.iterdir() if p.name.startswith("faults-")]
+
+
+def test_a_healthy_run_is_valid_and_leaves_nothing(variant, workload, tmp_path):
+    metrics = run(variant, workload, tmp_path)
+    assert metrics["valid"], metrics["invalid_reasons"]
+    assert metrics["requests_completed"] == 40
+    assert_nothing_left(tmp_path)
+
+
+def test_a_server_that_never_gets_healthy_is_a_failed_run(variant, tmp_path, workload):
+    broken = dict(variant, sglang_python_root=str(tmp_path / "no-such-source"))
+    metrics = run(broken, workload, tmp_path / "run")
+    assert metrics["valid"] is False
+    assert "server never healthy" in " ".join(metrics["invalid_reasons"])
+    provenance = json.loads((tmp_path / "run" / "provenance.json").read_text())
+    assert "no-such-source" in provenance["failure"]  # the server log's tail
+    assert_nothing_left(tmp_path / "run")
+
+
+def test_scheduler_killed_mid_run_fails_the_run(variant, workload, tmp_path):
+    watcher = kill_once_measuring(lambda scheduler: scheduler)
+    metrics = run(variant, workload, tmp_path)
+    watcher.join()
+    assert metrics["valid"] is False
+    assert metrics["throughput_rps"] is None or metrics["invalid_reasons"]
+    assert_nothing_left(tmp_path)
+
+
+def test_main_process_killed_mid_run_fails_the_run(variant, workload, tmp_path):
+    watcher = kill_once_measuring(lambda scheduler: scheduler.parent())
+    metrics = run(variant, workload, tmp_path)
+    watcher.join()
+    assert metrics["valid"] is False
+    assert_nothing_left(tmp_path)
