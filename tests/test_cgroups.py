@@ -271,6 +271,36 @@ def test_v2_stat_and_quota_are_read_from_their_files(tmp_path):
     assert group.quota_in_force()["quota_us"] is None
 
 
+def test_v2_creation_enables_cpu_and_writes_cpu_max_in_a_stand_in_tree(tmp_path):
+    # No cgroup v2 cpu controller on the development machine: plain files stand in
+    # for the kernel's, so this checks which files the v2 path writes, not the kernel.
+    from serving_study.cgroups import _create_v2
+
+    own = tmp_path / "own"
+    own.mkdir()
+    (own / "cgroup.procs").write_text("1\n")
+    (own / "cgroup.subtree_control").write_text("memory\n")
+    original_mkdir = Path.mkdir
+
+    def mkdir_with_control_files(path, *arguments, **keywords):
+        original_mkdir(path, *arguments, **keywords)
+        if not (path / "cgroup.subtree_control").exists():
+            (path / "cgroup.subtree_control").write_text("")
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Path, "mkdir", mkdir_with_control_files)
+        layout = _create_v2(own, "arm-a")
+    assert layout.cpu_directory == own / "serving-study" / "arm-a"
+    assert (own / "cgroup.subtree_control").read_text() == "+cpu"
+    assert (own / "serving-study" / "cgroup.subtree_control").read_text() == "+cpu"
+    group = CpuQuotaGroup(layout)
+    group._write_quota(150_000, 100_000)
+    assert (layout.cpu_directory / "cpu.max").read_text() == "150000 100000"
+    group._write_quota(None, 100_000)
+    assert (layout.cpu_directory / "cpu.max").read_text() == "max 100000"
+    assert group.procs_files() == [layout.cpu_directory / "cgroup.procs"]
+
+
 def test_stat_delta_divides_by_wall_time_and_handles_no_periods():
     before = CpuStat(1.0, 10, 2, 0.1, read_at=100.0)
     after = CpuStat(3.0, 30, 12, 0.6, read_at=102.0)

@@ -97,7 +97,11 @@ def measure(monitors: RunMonitors, during=None) -> dict:
 def test_busy_scheduler_and_idle_main_are_told_apart(tmp_path):
     server = FakeServer(tmp_path, busy_scheduler=True)
     try:
-        figures = measure(RunMonitors(server.process.pid, None, gpu=False))
+        monitors = RunMonitors(server.process.pid, None, gpu=False)
+        found = monitors.discover()  # before the load, as the runner does
+        assert found.scheduler is not None
+        assert found.scheduler.pid == server.scheduler_pid
+        figures = measure(monitors)
     finally:
         server.close()
     json.dumps(figures)  # written as monitors.json

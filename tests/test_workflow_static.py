@@ -59,12 +59,19 @@ def planned_jobs(*arguments: str) -> dict[str, int]:
 
 
 @pytest.mark.parametrize("config", CONFIGS)
-def test_dry_run_shows_every_arm_and_run(config):
+def test_dry_run_shows_every_arm_and_run(config, tmp_path):
     import yaml
 
     experiment = yaml.safe_load((ROOT / config).read_text())
     expected_runs = sum(arm.get("runs", 3) for arm in experiment["arms"])
-    jobs = planned_jobs("--configfile", config)
+    jobs = planned_jobs(
+        "--directory",
+        str(tmp_path),
+        "-s",
+        str(ROOT / "Snakefile"),
+        "--configfile",
+        str(ROOT / config),
+    )
     assert jobs["run_arm"] == expected_runs
     assert jobs["prepare_variant"] == len(experiment["variants"])
     assert jobs["make_workload"] == len(experiment["workloads"])

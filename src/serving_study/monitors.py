@@ -6,8 +6,8 @@ the window starts (the main HTTP/tokenizer process and the `sglang::scheduler`),
 samples cheap counters from a background thread:
 
 * per process: cumulative CPU time and OS thread count (psutil, one `oneshot()` each);
-* per thread of the main process, at a lower rate: which threads ran (from
-  /proc/<pid>/task/*/schedstat), a direct count of the OpenMP team that actually woke;
+* per thread of the main process, at a lower rate: how many threads ran (from
+  /proc/<pid>/task/*/schedstat): the OpenMP workers that woke, plus a few others;
 * the group's `cpu.stat` (cores used, throttled share);
 * GPU utilisation and per-process GPU memory through NVML, when a GPU exists.
 
@@ -248,8 +248,8 @@ class _Window:
     start: _Reading
     start_epoch: float
     group_pids_at_start: list[int]
-    thread_run_time_at_start: dict[int, int]
     main_environment: dict[str, str | None]
+    thread_run_time_at_start: dict[int, int] = field(default_factory=dict)
     series: list[dict] = field(default_factory=list)
     main_thread_counts: list[int] = field(default_factory=list)
     active_threads_per_interval: list[int] = field(default_factory=list)
@@ -286,26 +286,41 @@ class RunMonitors:
         self.thread_sample_hz = thread_sample_hz
         self._gpu, self._gpu_unavailable_reason = _open_gpu(gpu, gpu_index)
         self._window: _Window | None = None
+        self._discovered: (
+            tuple[ServerProcesses, list[int], dict[str, str | None]] | None
+        ) = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
 
     # -- window control
 
+    def discover(self) -> ServerProcesses:
+        """Find the server's processes now (a few ms); start_window() reuses them.
+
+        Call it before the load starts so that start_window(), which may run on the
+        client's event loop at the warm-up/measured boundary, only reads counters.
+        """
+        group_pids = self.group.pids() if self.group is not None else []
+        processes = find_server_processes(self.root_pid, group_pids)
+        self._discovered = (processes, group_pids, _environment_of(processes.main))
+        return processes
+
     def start_window(self) -> None:
-        """Find the server's processes, read the starting counters, start sampling."""
+        """Read the starting counters and start sampling (discovers if not done)."""
         if self._thread is not None:
             raise RuntimeError("A window is already open; call stop_window() first.")
         cost_started = time.thread_time()
-        group_pids = self.group.pids() if self.group is not None else []
-        processes = find_server_processes(self.root_pid, group_pids)
+        if self._discovered is None or not self._discovered[0].main.is_running():
+            self.discover()
+        assert self._discovered is not None
+        processes, group_pids, main_environment = self._discovered
         start = self._read(processes)
         window = _Window(
             processes=processes,
             start=start,
             start_epoch=time.time() - (time.monotonic() - start.at),
             group_pids_at_start=group_pids,
-            thread_run_time_at_start=self._read_threads(processes),
-            main_environment=_environment_of(processes.main),
+            main_environment=main_environment,
         )
         window.sampler_cpu_seconds += time.thread_time() - cost_started
         self._window = window
@@ -337,6 +352,7 @@ class RunMonitors:
         """End the sampling thread and release NVML; safe to call at any time."""
         self._end_thread()
         self._window = None
+        self._discovered = None
         if self._gpu is not None:
             self._gpu.close()
             self._gpu = None
@@ -386,6 +402,8 @@ class RunMonitors:
         gpu_memory_period = 1 / GPU_PROCESS_MEMORY_MAX_HZ
         started = window.start.at
         previous = window.start
+        # Read here, not in start_window(): with hundreds of threads it takes ms.
+        window.thread_run_time_at_start = self._read_threads(window.processes)
         previous_threads = window.thread_run_time_at_start
         next_thread_sample = started + (thread_period or 0)
         next_gpu_memory_sample = started

@@ -22,6 +22,7 @@ import __future__
 
 import ast
 import builtins
+import dataclasses
 import hashlib
 import importlib
 import logging
@@ -130,7 +131,13 @@ def load_variant_transport(sglang_python_root: Path) -> VariantTransport:
 
     cached = sys.modules.get(module_name)
     if cached is not None:
-        return cached.__variant_transport__
+        # Same file contents, same class (it must pickle under one module name);
+        # report the files this caller asked for.
+        return dataclasses.replace(
+            cached.__variant_transport__,
+            mm_utils_path=mm_utils_path,
+            stale_shm_cleanup_path=stale_shm_cleanup_path,
+        )
 
     namespace: dict[str, object] = {"__name__": module_name}
     for name in sorted(class_free_names):
