@@ -70,6 +70,7 @@ def variant(sglang_0_5_23, tmp_path_factory) -> dict:
 def workload(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("workload") / "tiny"
     spec = {"name": "tiny", "seed": 1, "images": 4, "width": 256, "height": 256}
+    spec["input_tokens"] = 16
     generate_workload(spec | {"format": "png", "content": "noise"}, out)
     return out / "manifest.json"
 

@@ -227,7 +227,6 @@ class _Progress:
     ok: int = 0
     errors: int = 0
     in_flight: int = 0
-    measured_started: bool = False
     max_loop_lag: float = 0.0
 
 
