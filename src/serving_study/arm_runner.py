@@ -145,6 +145,9 @@ def measure(
     )
     window: dict = {}
     try:
+        # Find the server's processes now, so that opening the window on the
+        # client's event loop only reads counters.
+        run_monitors.discover()
         log.info(
             "%d warm-up then %d measured requests at concurrency %d",
             client["warmup_requests"],
