@@ -10,6 +10,7 @@ not valid, and no process, cgroup or shared-memory segment of the run is left.
 import json
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -42,6 +43,7 @@ CLIENT = {
     "health_timeout_s": 60,
     "request_timeout_s": 60,
     "max_dispatch_lag_ms": 100,
+    "quota_during_startup": False,
 }
 MONITORS = {"sample_hz": 10, "thread_sample_hz": 1, "gpu": "off"}
 ARM = {
@@ -169,3 +171,96 @@ def test_main_process_killed_mid_run_fails_the_run(variant, workload, tmp_path):
     watcher.join()
     assert metrics["valid"] is False
     assert_nothing_left(tmp_path)
+
+
+def test_sigterm_mid_run_cleans_up_and_writes_no_metrics(variant, workload, tmp_path):
+    """Snakemake stops jobs with SIGTERM: teardown must still run, and the run
+    must not look finished (no metrics.json), so a rerun measures it afresh."""
+    watcher = kill_once_measuring(
+        lambda scheduler: psutil.Process(), signal_number=signal.SIGTERM
+    )
+    with pytest.raises(KeyboardInterrupt):
+        run(variant, workload, tmp_path)
+    watcher.join()
+    assert not (tmp_path / "metrics.json").exists()
+    assert not [p for p in own_descendants() if p.status() != psutil.STATUS_ZOMBIE]
+    assert not list(Path("/dev/shm").glob("sgl_shm_*"))
+
+
+def test_secrets_in_the_arm_environment_reach_the_server_but_no_file(
+    variant, workload, tmp_path
+):
+    secret = "hf_not_a_real_token_0123456789"
+    arm = ARM | {"requests": 8, "environment": {"HF_TOKEN": secret}}
+    metrics = run(variant, workload, tmp_path, arm=arm)
+    assert metrics["valid"], metrics["invalid_reasons"]
+    for path in tmp_path.iterdir():
+        assert secret not in path.read_text(errors="replace"), path.name
+
+
+ERRORING_SERVER = """
+import sys
+from aiohttp import web
+
+async def health(request):
+    return web.Response(text="ok")
+
+async def chat(request):
+    await request.read()
+    if request.app["count"] % 2:
+        request.app["count"] += 1
+        return web.json_response({"error": "injected"}, status=500)
+    request.app["count"] += 1
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await response.prepare(request)
+    await response.write(b'data: {"choices":[{"delta":{"content":"a"}}]}\\n\\n')
+    return response  # cut before [DONE]
+
+app = web.Application()
+app["count"] = 0
+app.router.add_get("/health", health)
+app.router.add_get("/server_info", lambda request: web.json_response({}))
+app.router.add_post("/v1/chat/completions", chat)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+"""
+
+
+def test_a_server_answering_500s_and_cut_streams_gives_an_invalid_run(
+    variant, workload, tmp_path, monkeypatch
+):
+    script = tmp_path / "erroring_server.py"
+    script.write_text(ERRORING_SERVER)
+    monkeypatch.setattr(
+        "serving_study.arm_runner.server_argv",
+        lambda engine, variant, arm, port: [sys.executable, str(script), str(port)],
+    )
+    metrics = run(variant, workload, tmp_path / "run", arm=ARM | {"requests": 10})
+    assert metrics["valid"] is False
+    assert metrics["error_count"] == 10
+    assert any("error" in reason for reason in metrics["invalid_reasons"])
+    assert_nothing_left(tmp_path / "run")
+
+
+def test_a_port_taken_before_the_server_binds_it_is_retried(
+    variant, workload, tmp_path, monkeypatch
+):
+    import socket
+
+    from serving_study import arm_runner, local_runtime
+
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    taken = squatter.getsockname()[1]
+    ports = iter([taken])
+    monkeypatch.setattr(
+        arm_runner,
+        "free_port",
+        lambda: next(ports, None) or local_runtime.free_port(),
+    )
+    try:
+        metrics = run(variant, workload, tmp_path, arm=ARM | {"requests": 8})
+    finally:
+        squatter.close()
+    assert metrics["valid"], metrics["invalid_reasons"]
+    assert "address already in use" in (tmp_path / "server.log").read_text().lower()

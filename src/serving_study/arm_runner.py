@@ -10,9 +10,11 @@ reason) so the study goes on and the report lists it; nothing of it is averaged 
 """
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -31,7 +33,11 @@ from serving_study.local_runtime import LocalServer, free_port
 from serving_study.monitors import RunMonitors
 from serving_study.run_metrics import failed_run_metrics, summarize_run
 from serving_study.server_commands import embedded_server_argv
-from serving_study.server_environment import recorded_environment, server_environment
+from serving_study.server_environment import (
+    recorded_environment,
+    redacted,
+    server_environment,
+)
 
 log = logging.getLogger(__name__)
 
@@ -92,13 +98,16 @@ def start_healthy_server(
             quota_cores(arm),
             f"{group_name}-try{attempt}",
             paths.server_log,
+            quota_during_startup=client["quota_during_startup"],
         )
-        server.start()
         base_url = f"http://127.0.0.1:{port}"
         try:
+            server.start()
             wait_until_healthy(
                 base_url, client["health_timeout_s"], process=server.process
             )
+            if not client["quota_during_startup"]:
+                server.apply_quota()
             return server, base_url
         except ServerNeverHealthy as error:
             tail = server.log_tail()
@@ -109,6 +118,11 @@ def start_healthy_server(
                 )
                 continue
             raise ArmFailed(f"server never healthy: {error}\n{tail}") from error
+        except BaseException:
+            # Interrupted while starting (e.g. SIGTERM): the caller never gets
+            # this server, so it must not outlive this function.
+            server.stop()
+            raise
     raise ArmFailed("no free port after several attempts")
 
 
@@ -194,13 +208,34 @@ def validity_checks(
     return {
         "quota_expected_cores": quota_cores(arm),
         "quota_in_force_cores": quota.get("cores"),
-        "environment_expected": expected,
-        "environment_seen": environment_seen(server.pid, expected),
+        "environment_expected": redacted(expected),
+        "environment_seen": redacted(environment_seen(server.pid, expected)),
         "torch_threads_seen": server_info.get("torch_num_threads"),
         "server_restarted": bool(window.get("server_pids_changed")),
         "max_dispatch_lag_ms_allowed": client["max_dispatch_lag_ms"],
         "warmup_requests": client["warmup_requests"],
     }
+
+
+@contextlib.contextmanager
+def termination_as_interrupt():
+    """Turn SIGTERM into KeyboardInterrupt while a run is in progress.
+
+    Snakemake stops running jobs with SIGTERM when it is interrupted; Python's
+    default would end the process at once, skipping every ``finally`` and leaving
+    the server, its cgroup and its segments behind. As an exception, the teardown
+    runs and the job ends without writing outputs, so a rerun (with
+    --rerun-incomplete) measures the run afresh.
+    """
+
+    def interrupt(signal_number, frame):
+        raise KeyboardInterrupt(f"stopped by signal {signal_number}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def write_json(path: Path, data) -> None:
@@ -220,12 +255,40 @@ def run_arm(
     paths: RunPaths,
 ) -> dict:
     """Run one (arm, run) and write all its outputs; return its metrics."""
+    with termination_as_interrupt():
+        return _run_arm(
+            experiment=experiment,
+            arm=arm,
+            run=run,
+            variant=variant,
+            workload_manifest=workload_manifest,
+            engine=engine,
+            client=client,
+            monitors=monitors,
+            paths=paths,
+        )
+
+
+def _run_arm(
+    *,
+    experiment: str,
+    arm: dict,
+    run: int,
+    variant: dict,
+    workload_manifest: Path,
+    engine: dict,
+    client: dict,
+    monitors: dict,
+    paths: RunPaths,
+) -> dict:
     started_at, started = now_iso(), time.monotonic()
     paths.server_log.write_text("")
     group_name = f"{experiment}-{arm['name']}-run{run}-{os.getpid()}"
+    # What is recorded of the arm: secret values (tokens) never reach a file.
+    arm_record = arm | {"environment": redacted(arm.get("environment", {}))}
     provenance = {
         "experiment": experiment,
-        "arm": arm,
+        "arm": arm_record,
         "run": run,
         "variant": variant,
         "engine": engine,
@@ -254,10 +317,10 @@ def run_arm(
         checks = validity_checks(arm, client, server_info, window, server)
         provenance["client"] = load_summary
         write_json(paths.monitors, window)
-        metrics = summarize_run(paths.requests, paths.monitors, arm, checks)
+        metrics = summarize_run(paths.requests, paths.monitors, arm_record, checks)
     except ArmFailed as failure:
         log.error("run failed: %s", failure)
-        metrics = failed_run_metrics(arm, run, str(failure).splitlines()[0])
+        metrics = failed_run_metrics(arm_record, run, str(failure).splitlines()[0])
         provenance["failure"] = str(failure)
         for path in (paths.requests, paths.monitors):
             if not path.exists():

@@ -313,6 +313,13 @@ class CpuQuotaGroup(CpuGroup):
             ) from error
         return group
 
+    def set_quota(self, quota_cores: float | None, period_us: int = 100_000) -> None:
+        """Change the quota of a live group (as `docker update --cpus` does)."""
+        if quota_cores is not None and round(quota_cores * period_us) < 1_000:
+            raise ValueError(f"A quota of {quota_cores} cores is below 1000 us.")
+        quota_us = None if quota_cores is None else round(quota_cores * period_us)
+        self._write_quota(quota_us, period_us)
+
     def _write_quota(self, quota_us: int | None, period_us: int) -> None:
         if self.version == 2:
             quota_text = "max" if quota_us is None else str(quota_us)

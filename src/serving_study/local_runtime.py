@@ -54,19 +54,23 @@ class LocalServer:
         quota_cores: float | None,
         group_name: str,
         log_path: Path,
+        quota_during_startup: bool = True,
     ):
         self.argv = argv
         self.environment = environment
         self.quota_cores = quota_cores
         self.group_name = group_name
         self.log_path = log_path
+        self.quota_during_startup = quota_during_startup
         self.group: CpuQuotaGroup | None = None
         self.process: subprocess.Popen | None = None
         self.known_pids: set[int] = set()
         self.leaked_segments: list[str] = []
 
     def start(self) -> None:
-        self.group = CpuQuotaGroup.create(self.group_name, self.quota_cores)
+        self.group = CpuQuotaGroup.create(
+            self.group_name, self.quota_cores if self.quota_during_startup else None
+        )
         with open(self.log_path, "ab") as server_log:
             self.process = subprocess.Popen(
                 wrap_command(self.group, self.argv),
@@ -83,6 +87,11 @@ class LocalServer:
             self.group_name,
             "none" if self.quota_cores is None else f"{self.quota_cores:g}",
         )
+
+    def apply_quota(self) -> None:
+        """Put the arm's quota in force (when start-up ran without it)."""
+        self.group.set_quota(self.quota_cores)
+        log.info("quota of %s cores in force", self.quota_cores)
 
     @property
     def pid(self) -> int:

@@ -26,8 +26,21 @@ THREAD_SETTINGS = (
     "TORCH_NUM_THREADS",
 )
 
-# Never written anywhere: passed through to the server, left out of every record.
-SECRET_NAMES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HUGGINGFACE_TOKEN")
+# Parts of a variable's name that mark it secret: its value reaches the server but
+# never a log, a provenance file or the report.
+SECRET_NAME_PARTS = ("TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "API_KEY")
+
+
+def is_secret(name: str) -> bool:
+    return any(part in name.upper() for part in SECRET_NAME_PARTS)
+
+
+def redacted(environment: Mapping[str, str]) -> dict[str, str]:
+    """The environment with every secret value replaced, for records."""
+    return {
+        name: "<redacted>" if is_secret(name) else value
+        for name, value in environment.items()
+    }
 
 
 def server_environment(
@@ -48,6 +61,5 @@ def recorded_environment(environment: Mapping[str, str]) -> dict[str, str]:
         name: value
         for name, value in sorted(environment.items())
         if (name in THREAD_SETTINGS or name.startswith("SGLANG_"))
-        and name not in SECRET_NAMES
-        and "TOKEN" not in name
+        and not is_secret(name)
     }

@@ -1,0 +1,127 @@
+"""The command line and environment of a real SGLang server, built from config.
+
+One arm of an ``engine: sglang`` experiment becomes ``python -m sglang.launch_server``
+with every setting the study held fixed written out, never left to SGLang's
+defaults: on a Hopper GPU, SGLang 0.5.23 silently switches Qwen3-VL to the
+``cuda_ipc`` feature transport and turns caches on or off by itself, so the
+transport, the radix cache and the multimodal caches are always explicit. Values
+from config are separate list items, never pasted into a shell string.
+
+The model is mounted read-only into the container at ``/models/<name>``; the server
+never reaches the Hugging Face Hub (``HF_HUB_OFFLINE=1``).
+"""
+
+from pathlib import PurePosixPath
+
+SERVER_MODULE = "sglang.launch_server"
+CONTAINER_MODELS_DIRECTORY = PurePosixPath("/models")
+
+# Flags this module sets from config; extra arguments may not set them again, or
+# the last one on the command line would silently win over the config key.
+FLAGS_FROM_CONFIG = {
+    "--model-path": "sglang.model_path / sglang.model",
+    "--host": "(always 127.0.0.1)",
+    "--port": "sglang.port",
+    "--mm-feature-transport": "arms[].transport",
+    "--disable-radix-cache": "sglang.disable_radix_cache",
+    "--mm-preprocess-cache-size-mb": "sglang.mm_preprocess_cache_size_mb",
+    "--mem-fraction-static": "sglang.mem_fraction_static",
+    "--max-total-tokens": "sglang.max_total_tokens",
+    "--served-model-name": "sglang.served_model_name",
+}
+
+
+class ServerArgumentConflict(ValueError):
+    """Extra server arguments set a flag that a config key already sets."""
+
+
+def model_directory_name(model: str) -> str:
+    """A file name for a Hub model id: ``Qwen/Qwen3-VL-4B-Instruct`` ->
+    ``Qwen--Qwen3-VL-4B-Instruct``."""
+    return model.replace("/", "--")
+
+
+def container_model_path(model: str) -> str:
+    """Where the model snapshot is mounted inside the server's container."""
+    return str(CONTAINER_MODELS_DIRECTORY / model_directory_name(model))
+
+
+def served_model_name(sglang_settings: dict) -> str:
+    """The name clients send as ``model``; the Hub id unless config names another."""
+    return sglang_settings.get("served_model_name") or sglang_settings["model"]
+
+
+def sglang_server_arguments(
+    arm: dict, sglang_settings: dict, model_path: str, port: int
+) -> list[str]:
+    """The arguments after ``python -m sglang.launch_server`` for one arm.
+
+    ``arm`` is one record of the config's ``arms`` (``transport``, ``server_args``);
+    ``sglang_settings`` is the config's ``sglang`` section with the schema's
+    defaults filled in; ``model_path`` is the model as the server sees it (the
+    container path when the server runs in a container).
+    """
+    arguments = [
+        "--model-path",
+        model_path,
+        "--served-model-name",
+        served_model_name(sglang_settings),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--mm-feature-transport",
+        arm["transport"],
+        "--mm-preprocess-cache-size-mb",
+        str(sglang_settings["mm_preprocess_cache_size_mb"]),
+    ]
+    if sglang_settings["disable_radix_cache"]:
+        arguments.append("--disable-radix-cache")
+    if "mem_fraction_static" in sglang_settings:
+        arguments += ["--mem-fraction-static", str(sglang_settings["mem_fraction_static"])]
+    if "max_total_tokens" in sglang_settings:
+        arguments += ["--max-total-tokens", str(sglang_settings["max_total_tokens"])]
+    extra = list(sglang_settings.get("extra_server_args", []))
+    _refuse_flags_from_config(extra, "sglang.extra_server_args")
+    arm_arguments = list(arm.get("server_args", []))
+    _refuse_flags_from_config(arm_arguments, f"arms[{arm['name']}].server_args")
+    return arguments + extra + arm_arguments
+
+
+def sglang_server_argv(
+    arm: dict,
+    sglang_settings: dict,
+    model_path: str,
+    port: int,
+    *,
+    python: str = "python3",
+) -> list[str]:
+    """``python3 -m sglang.launch_server ...`` for one arm (see
+    ``sglang_server_arguments``); ``python`` is the interpreter that has SGLang
+    (``python3`` in the SGLang image)."""
+    return [python, "-m", SERVER_MODULE] + sglang_server_arguments(
+        arm, sglang_settings, model_path, port
+    )
+
+
+def sglang_server_environment(arm: dict, sglang_settings: dict) -> dict[str, str]:
+    """The environment variables the server gets from config: the caches that are
+    environment-only in SGLang, offline Hub access, then the arm's own
+    ``environment`` (which wins)."""
+    environment = {
+        "SGLANG_VLM_CACHE_SIZE_MB": str(sglang_settings["vlm_cache_size_mb"]),
+        "SGLANG_MM_FEATURE_CACHE_MB": str(sglang_settings["mm_feature_cache_mb"]),
+        "HF_HUB_OFFLINE": "1",
+    }
+    environment.update(arm.get("environment", {}))
+    return environment
+
+
+def _refuse_flags_from_config(arguments: list[str], where: str) -> None:
+    for argument in arguments:
+        flag = argument.split("=", 1)[0]
+        if flag in FLAGS_FROM_CONFIG:
+            raise ServerArgumentConflict(
+                f"{where} sets {flag}, which comes from {FLAGS_FROM_CONFIG[flag]}; "
+                "set it there instead"
+            )
