@@ -21,6 +21,8 @@ include: "rules/workloads.smk"
 include: "rules/preflight.smk"
 include: "rules/arms.smk"
 include: "rules/aggregate.smk"
+include: "rules/model.smk"
+include: "rules/commands.smk"
 
 
 rule all:

@@ -10,6 +10,7 @@ sys.path.insert(0, str(PROJECT_ROOT / "src"))
 
 from serving_study.arm_order import priority
 from serving_study.config import ConfigError, check_config
+from serving_study.sglang_commands import model_directory_name
 
 try:
     check_config(
@@ -31,6 +32,8 @@ SOURCES = {source["name"]: source for source in config["sources"]}
 VARIANTS = {variant["name"]: variant for variant in config["variants"]}
 WORKLOADS = {workload["name"]: workload for workload in config["workloads"]}
 ARMS = {arm["name"]: arm for arm in config["arms"]}
+# The model a real SGLang server loads, as a file name (resources/models/<name>/).
+MODEL = model_directory_name(config["sglang"]["model"])
 
 
 def one_of(names):
@@ -44,6 +47,7 @@ wildcard_constraints:
     workload=one_of(WORKLOADS),
     arm=one_of(ARMS),
     run=r"[1-9][0-9]*",
+    model=re.escape(MODEL),
 
 
 def arm_runs():
@@ -104,3 +108,13 @@ def final_outputs():
         f"results/{EXPERIMENT}/report.html",
         f"results/{EXPERIMENT}/tables/arms.csv",
     ]
+
+
+def launch_commands_files():
+    """Every arm's SGLang server and container command (engine sglang)."""
+    return [f"results/{EXPERIMENT}/commands/{arm}.json" for arm in ARMS]
+
+
+def model_snapshot_file():
+    """The checked model snapshot's record; a real SGLang arm needs it."""
+    return f"resources/models/{MODEL}/snapshot.json"

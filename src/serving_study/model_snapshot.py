@@ -37,6 +37,14 @@ def snapshot_directory(models_directory: Path, model: str) -> Path:
     return Path(models_directory) / model_directory_name(model) / "snapshot"
 
 
+def model_host_path(sglang_settings: dict, models_directory: Path) -> Path:
+    """The model snapshot's directory on this host: ``sglang.model_path``, else
+    where the Hub download goes."""
+    if sglang_settings.get("model_path"):
+        return Path(sglang_settings["model_path"]).expanduser().resolve()
+    return snapshot_directory(models_directory, sglang_settings["model"]).resolve()
+
+
 def ensure_model_snapshot(sglang_settings: dict, models_directory: Path) -> dict:
     """Check or download the configured model; return its snapshot record.
 
@@ -48,14 +56,14 @@ def ensure_model_snapshot(sglang_settings: dict, models_directory: Path) -> dict
     model = sglang_settings["model"]
     revision = sglang_settings.get("model_revision")
     if sglang_settings.get("model_path"):
-        path = Path(sglang_settings["model_path"]).expanduser().resolve()
+        path = model_host_path(sglang_settings, models_directory)
         origin = "local"
         require_complete(path, "sglang.model_path")
         commit = local_commit(path, revision)
     else:
         revision = pinned_revision(sglang_settings)
         path = download_snapshot(
-            model, revision, snapshot_directory(models_directory, model)
+            model, revision, model_host_path(sglang_settings, models_directory)
         )
         origin = "hub"
         require_complete(path, "the downloaded snapshot")

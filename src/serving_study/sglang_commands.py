@@ -20,7 +20,7 @@ CONTAINER_MODELS_DIRECTORY = PurePosixPath("/models")
 # the last one on the command line would silently win over the config key.
 FLAGS_FROM_CONFIG = {
     "--model-path": "sglang.model_path / sglang.model",
-    "--host": "(always 127.0.0.1)",
+    "--host": "the runner (always 127.0.0.1)",
     "--port": "sglang.port",
     "--mm-feature-transport": "arms[].transport",
     "--disable-radix-cache": "sglang.disable_radix_cache",
@@ -61,26 +61,21 @@ def sglang_server_arguments(
     defaults filled in; ``model_path`` is the model as the server sees it (the
     container path when the server runs in a container).
     """
-    arguments = [
-        "--model-path",
-        model_path,
-        "--served-model-name",
-        served_model_name(sglang_settings),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--mm-feature-transport",
-        arm["transport"],
+    arguments = ["--model-path", model_path, "--host", "127.0.0.1"]
+    arguments += ["--port", str(port), "--mm-feature-transport", arm["transport"]]
+    if sglang_settings["disable_radix_cache"]:
+        arguments.append("--disable-radix-cache")
+    arguments += [
         "--mm-preprocess-cache-size-mb",
         str(sglang_settings["mm_preprocess_cache_size_mb"]),
     ]
-    if sglang_settings["disable_radix_cache"]:
-        arguments.append("--disable-radix-cache")
-    if "mem_fraction_static" in sglang_settings:
-        arguments += ["--mem-fraction-static", str(sglang_settings["mem_fraction_static"])]
-    if "max_total_tokens" in sglang_settings:
-        arguments += ["--max-total-tokens", str(sglang_settings["max_total_tokens"])]
+    for key, flag in (
+        ("mem_fraction_static", "--mem-fraction-static"),
+        ("max_total_tokens", "--max-total-tokens"),
+    ):
+        if key in sglang_settings:
+            arguments += [flag, str(sglang_settings[key])]
+    arguments += ["--served-model-name", served_model_name(sglang_settings)]
     extra = list(sglang_settings.get("extra_server_args", []))
     _refuse_flags_from_config(extra, "sglang.extra_server_args")
     arm_arguments = list(arm.get("server_args", []))
@@ -125,3 +120,87 @@ def _refuse_flags_from_config(arguments: list[str], where: str) -> None:
                 f"{where} sets {flag}, which comes from {FLAGS_FROM_CONFIG[flag]}; "
                 "set it there instead"
             )
+
+
+def variant_image(variant: str) -> str:
+    """The local image that holds one variant's SGLang."""
+    return f"localhost/serving-study-sglang:{variant}"
+
+
+def container_run_argv(
+    *,
+    runtime: str,
+    image: str,
+    name: str,
+    server_argv: list[str],
+    environment: dict[str, str],
+    model_host_path: str,
+    model_container_path: str,
+    cpu_quota: float | str,
+) -> list[str]:
+    """``docker run`` (or ``podman run``) of ``server_argv`` in ``image``.
+
+    All GPUs, the host's network (the server binds 127.0.0.1 and the client runs
+    outside) and the host's IPC namespace: Docker's default 64 MiB /dev/shm is too
+    small for the transport's segments and SGLang would silently fall back to
+    pickling the tensors. The quota is the cgroup's CFS quota over a 100 ms period,
+    as in the study (``cpu.max = 1360000 100000``); ``"none"`` sets none.
+    """
+    argv = [runtime, "run", "--rm", "--name", name, "--gpus", "all"]
+    argv += ["--ipc=host", "--network=host"]
+    if cpu_quota != "none":
+        period_us = 100_000
+        argv += [
+            f"--cpu-period={period_us}",
+            f"--cpu-quota={round(float(cpu_quota) * period_us)}",
+        ]
+    for variable, value in sorted(environment.items()):
+        argv += ["--env", f"{variable}={value}"]
+    argv += ["--volume", f"{model_host_path}:{model_container_path}:ro", image]
+    return argv + server_argv
+
+
+def arm_launch_commands(
+    *,
+    experiment: str,
+    arm: dict,
+    sglang_settings: dict,
+    runtime: str,
+    model_host_path: str,
+) -> dict:
+    """Everything that starts one arm's server: its argv, the container argv that
+    runs it (None for ``runtime: local``), its environment and the model mount."""
+    model = sglang_settings["model"]
+    in_container = runtime != "local"
+    model_path = container_model_path(model) if in_container else model_host_path
+    port = sglang_settings["port"]
+    server_argv = sglang_server_argv(arm, sglang_settings, model_path, port)
+    environment = sglang_server_environment(arm, sglang_settings)
+    container_argv = None
+    if in_container:
+        container_argv = container_run_argv(
+            runtime=runtime,
+            image=variant_image(arm["variant"]),
+            name=f"serving-study-{experiment}-{arm['name']}",
+            server_argv=server_argv,
+            environment=environment,
+            model_host_path=model_host_path,
+            model_container_path=model_path,
+            cpu_quota=arm["cpu_quota"],
+        )
+    return {
+        "experiment": experiment,
+        "arm": arm["name"],
+        "variant": arm["variant"],
+        "transport": arm["transport"],
+        "port": port,
+        "server_argv": server_argv,
+        "container_argv": container_argv,
+        "environment": environment,
+        "model": {
+            "name": model,
+            "revision": sglang_settings.get("model_revision"),
+            "host_path": model_host_path,
+            "server_path": model_path,
+        },
+    }

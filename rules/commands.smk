@@ -1,0 +1,26 @@
+# The exact command lines of every real SGLang arm (engine sglang), written without a
+# GPU: the server's argv with transport, caches and memory spelled out, the container
+# argv that runs it with the model mounted, and the environment it gets. The arm
+# runner starts servers with the same functions; these files let a reader check them.
+
+
+rule launch_commands:
+    output:
+        commands="results/{experiment}/commands/{arm}.json",
+    log:
+        "results/logs/launch_commands/{experiment}/{arm}.log",
+    conda:
+        "../envs/workflow.yaml"
+    params:
+        engine=config["engine"],
+        runtime=config["runtime"],
+        arm=lambda wildcards: ARMS[wildcards.arm],
+        sglang=config["sglang"],
+        models_directory="resources/models",
+    script:
+        "../scripts/launch_commands.py"
+
+
+rule commands:
+    input:
+        launch_commands_files(),

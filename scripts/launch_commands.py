@@ -1,0 +1,30 @@
+"""Snakemake shim: write one arm's SGLang server, container and environment."""
+
+import logging
+import sys
+from pathlib import Path
+
+from serving_study.model_snapshot import model_host_path
+from serving_study.sglang_commands import arm_launch_commands
+from serving_study.sources import write_json
+
+sys.stderr = open(snakemake.log[0], "w")
+logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+
+if snakemake.params.engine != "sglang":
+    raise SystemExit(
+        f"launch commands are for engine 'sglang'; this experiment's engine is "
+        f"{snakemake.params.engine!r} (run it with: snakemake --cores 1 all)"
+    )
+sglang = dict(snakemake.params.sglang)
+commands = arm_launch_commands(
+    experiment=snakemake.wildcards.experiment,
+    arm=dict(snakemake.params.arm),
+    sglang_settings=sglang,
+    runtime=snakemake.params.runtime,
+    model_host_path=str(
+        model_host_path(sglang, Path(snakemake.params.models_directory))
+    ),
+)
+write_json(Path(snakemake.output.commands), commands)
+logging.info("%s", " ".join(commands["container_argv"] or commands["server_argv"]))

@@ -1,0 +1,361 @@
+"""Every real SGLang arm's command line: built from config as the study ran it, and
+accepted by SGLang 0.5.23's own argument parser.
+
+The parser runs in a virtual environment of its own, with SGLang 0.5.23 installed
+without its GPU dependencies plus the few packages its import needs (about 2.3 GB,
+built once into pytest's cache directory, about 1-4 minutes on a cold cache). The
+argv lists it checks are the ones the ``commands`` rule wrote, for every arm of
+every GPU experiment.
+"""
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from serving_study.config import check_config
+from serving_study.sglang_commands import (
+    ServerArgumentConflict,
+    container_model_path,
+    sglang_server_argv,
+    sglang_server_environment,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+GPU_EXPERIMENTS = ("b1", "p4", "p5", "p6b")
+# The study ran P4, P6b and B1 with the radix cache off, P5 (one repeated image,
+# 283 of 284 tokens matched) with it on.
+RADIX_CACHE_OFF = {"b1": True, "p4": True, "p5": False, "p6b": True}
+THREAD_CAPPED_ARMS = {("b1", "B"), ("b1", "D"), ("p6b", "omp-8")}
+MODEL_PATH = "/models/Qwen--Qwen3-VL-4B-Instruct"
+
+# torch first (the local CPU build; an unpinned torch would pull a multi-GB CUDA
+# build), SGLang without its dependencies, then what `import sglang.srt.server_args`
+# needs (research notes, sglang-facts.md section 7).
+PARSER_INSTALLS = (
+    ("torch==2.13.0",),
+    ("--no-deps", "sglang==0.5.23"),
+    (
+        "numpy==2.4.6",
+        "orjson==3.13.0",
+        "psutil==7.2.2",
+        "pybase64==1.5.1",
+        "requests==2.34.2",
+        "triton==3.9.0",
+        "packaging==26.4",
+        "pillow==13.0.0",
+        "starlette==1.10.0",
+        "msgspec==0.23.0",
+        "pydantic==2.14.4",
+        "pyzmq==27.3.0",
+        "tqdm==4.70.1",
+        "ipython==9.18.1",
+        "aiohttp==3.14.5",
+    ),
+)
+
+# Runs inside the parser's environment: {case: arguments} on stdin, {case: what
+# SGLang resolved, or the parser's error} on stdout.
+PARSE_PROGRAM = """
+import contextlib, io, json, sys
+from sglang.srt.server_args import prepare_server_args
+
+FIELDS = ("model_path", "served_model_name", "host", "port", "mm_feature_transport",
+          "disable_radix_cache", "mm_preprocess_cache_size_mb", "mem_fraction_static",
+          "max_total_tokens", "max_running_requests")
+answers = {}
+for case, arguments in json.load(sys.stdin).items():
+    errors = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(errors), contextlib.redirect_stdout(errors):
+            parsed = prepare_server_args(arguments)
+        answers[case] = {"resolved": {f: getattr(parsed, f) for f in FIELDS}}
+    except SystemExit as exit:
+        lines = errors.getvalue().strip().splitlines() or [f"exit {exit.code}"]
+        answers[case] = {"error": lines[-1]}
+json.dump(answers, sys.stdout)
+"""
+
+
+def experiment_config(name: str) -> dict:
+    """A shipped experiment config, checked, with the schema's defaults filled in."""
+    path = ROOT / "config" / f"{name}.yaml"
+    config = yaml.safe_load(path.read_text())
+    return check_config(config, ROOT / "config" / "config.schema.yaml", [path], ROOT)
+
+
+def every_arm() -> list:
+    return [
+        pytest.param(name, arm, id=f"{name}-{arm['name']}")
+        for name in GPU_EXPERIMENTS
+        for arm in experiment_config(name)["arms"]
+    ]
+
+
+def flag_values(argv: list[str], flag: str) -> list[str]:
+    return [argv[index + 1] for index, item in enumerate(argv) if item == flag]
+
+
+@pytest.mark.parametrize("experiment, arm", every_arm())
+def test_every_arm_spells_out_transport_and_caches(experiment, arm):
+    settings = experiment_config(experiment)["sglang"]
+    argv = sglang_server_argv(arm, settings, MODEL_PATH, 30000)
+
+    assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+    assert flag_values(argv, "--mm-feature-transport") == [arm["transport"]]
+    assert ("--disable-radix-cache" in argv) is RADIX_CACHE_OFF[experiment]
+    assert flag_values(argv, "--mm-preprocess-cache-size-mb") == ["0"]
+    assert flag_values(argv, "--model-path") == [MODEL_PATH]
+    assert flag_values(argv, "--port") == ["30000"]
+    assert flag_values(argv, "--host") == ["127.0.0.1"]
+    assert flag_values(argv, "--served-model-name") == ["Qwen/Qwen3-VL-4B-Instruct"]
+
+
+@pytest.mark.parametrize("experiment, arm", every_arm())
+def test_every_arm_turns_the_environment_only_caches_off(experiment, arm):
+    settings = experiment_config(experiment)["sglang"]
+    environment = sglang_server_environment(arm, settings)
+
+    assert environment["SGLANG_VLM_CACHE_SIZE_MB"] == "0"
+    assert environment["SGLANG_MM_FEATURE_CACHE_MB"] == "1024"
+    assert environment["HF_HUB_OFFLINE"] == "1"
+    capped = (experiment, arm["name"]) in THREAD_CAPPED_ARMS
+    assert environment.get("OMP_NUM_THREADS") == ("8" if capped else None)
+
+
+def test_both_transports_are_explicit_even_where_sglang_would_choose():
+    arms = experiment_config("p4")["arms"]
+    settings = experiment_config("p4")["sglang"]
+    transports = {
+        arm["name"]: flag_values(
+            sglang_server_argv(arm, settings, MODEL_PATH, 1),
+            "--mm-feature-transport",
+        )
+        for arm in arms
+    }
+    assert transports["cpu-c16"] == ["cpu"]
+    assert transports["ipc-c16"] == ["cuda_ipc"]
+
+
+def test_memory_settings_then_extra_then_arm_arguments():
+    settings = experiment_config("p4")["sglang"] | {
+        "mem_fraction_static": 0.8,
+        "max_total_tokens": 200000,
+        "served_model_name": "qwen3-vl",
+        "extra_server_args": ["--cuda-graph-max-bs", "16"],
+    }
+    arm = experiment_config("p4")["arms"][0] | {
+        "server_args": ["--max-running-requests", "16"]
+    }
+    argv = sglang_server_argv(arm, settings, MODEL_PATH, 31000, python="/venv/python")
+
+    assert argv[0] == "/venv/python"
+    assert flag_values(argv, "--mem-fraction-static") == ["0.8"]
+    assert flag_values(argv, "--max-total-tokens") == ["200000"]
+    assert flag_values(argv, "--served-model-name") == ["qwen3-vl"]
+    assert argv[-4:] == ["--cuda-graph-max-bs", "16", "--max-running-requests", "16"]
+
+
+@pytest.mark.parametrize(
+    "extra, arm_arguments, named",
+    [
+        (["--mm-feature-transport", "cuda_ipc"], [], "arms[].transport"),
+        ([], ["--disable-radix-cache"], "sglang.disable_radix_cache"),
+        (["--port=31000"], [], "sglang.port"),
+        ([], ["--mem-fraction-static", "0.5"], "sglang.mem_fraction_static"),
+    ],
+)
+def test_extra_arguments_may_not_override_a_config_key(extra, arm_arguments, named):
+    settings = experiment_config("p4")["sglang"] | {"extra_server_args": extra}
+    arm = experiment_config("p4")["arms"][0] | {"server_args": arm_arguments}
+    with pytest.raises(ServerArgumentConflict, match=named.replace("[", r"\[")):
+        sglang_server_argv(arm, settings, MODEL_PATH, 30000)
+
+
+# --- the commands rule and SGLang's own parser ---------------------------------
+
+
+def run_commands_rule(workdir: Path, experiment: str) -> None:
+    finished = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--configfile",
+            str(ROOT / "config" / f"{experiment}.yaml"),
+            "--cores",
+            "1",
+            "commands",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+
+
+@pytest.fixture(scope="module")
+def written_commands(tmp_path_factory) -> dict[str, dict[str, dict]]:
+    """experiment -> arm -> the JSON the ``commands`` rule wrote for it."""
+    workdir = tmp_path_factory.mktemp("commands")
+    written = {}
+    for experiment in GPU_EXPERIMENTS:
+        run_commands_rule(workdir, experiment)
+        directory = workdir / "results" / experiment / "commands"
+        written[experiment] = {
+            path.stem: json.loads(path.read_text())
+            for path in sorted(directory.glob("*.json"))
+        }
+    return written
+
+
+def test_the_rule_writes_every_arm_with_its_container(written_commands):
+    for experiment in GPU_EXPERIMENTS:
+        config = experiment_config(experiment)
+        arms = {arm["name"]: arm for arm in config["arms"]}
+        assert set(written_commands[experiment]) == set(arms)
+        for name, commands in written_commands[experiment].items():
+            arm = arms[name]
+            model_path = container_model_path(config["sglang"]["model"])
+            assert commands["server_argv"] == sglang_server_argv(
+                arm, config["sglang"], model_path, 30000
+            )
+            container = commands["container_argv"]
+            assert container[:2] == ["docker", "run"]
+            assert container[-len(commands["server_argv"]) :] == commands["server_argv"]
+            assert "--ipc=host" in container and "--network=host" in container
+            assert "--cpu-quota=1360000" in container
+            mount = flag_values(container, "--volume")
+            host_path = commands["model"]["host_path"]
+            assert mount == [f"{host_path}:{model_path}:ro"]
+            assert host_path.endswith(
+                "resources/models/Qwen--Qwen3-VL-4B-Instruct/snapshot"
+            )
+            for variable, value in commands["environment"].items():
+                assert f"{variable}={value}" in flag_values(container, "--env")
+
+
+@contextlib.contextmanager
+def exclusive_lock(path: Path):
+    """Other pytest runs on this host may build the same environment at once."""
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+@pytest.fixture(scope="session")
+def sglang_parser_python(pytestconfig) -> Path:
+    """The Python of an environment where SGLang 0.5.23's parser imports (kept in
+    pytest's cache; rebuilt when the pinned package list changes)."""
+    pins = hashlib.sha256(json.dumps(PARSER_INSTALLS).encode()).hexdigest()[:12]
+    cache = pytestconfig.cache.mkdir("sglang-0.5.23-parser")
+    environment = cache / pins
+    python = environment / "bin" / "python"
+    with exclusive_lock(cache / "lock"):
+        if (environment / "complete").is_file():
+            return python
+        shutil.rmtree(environment, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(environment)], check=True)
+        for packages in PARSER_INSTALLS:
+            installed = subprocess.run(
+                [str(python), "-m", "pip", "install", "--quiet", *packages],
+                capture_output=True,
+                text=True,
+            )
+            assert installed.returncode == 0, installed.stdout + installed.stderr
+        (environment / "complete").write_text(json.dumps(PARSER_INSTALLS) + "\n")
+    return python
+
+
+def sglang_parses(python: Path, cases: dict[str, list[str]]) -> dict[str, dict]:
+    finished = subprocess.run(
+        [str(python), "-c", PARSE_PROGRAM],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    return json.loads(finished.stdout)
+
+
+def server_arguments(server_argv: list[str]) -> list[str]:
+    assert server_argv[1:3] == ["-m", "sglang.launch_server"]
+    return server_argv[3:]
+
+
+def test_sglang_0_5_23_accepts_every_arm_as_configured(
+    written_commands, sglang_parser_python
+):
+    cases = {
+        f"{experiment}/{arm}": server_arguments(commands["server_argv"])
+        for experiment, arms in written_commands.items()
+        for arm, commands in arms.items()
+    }
+    answers = sglang_parses(sglang_parser_python, cases)
+
+    assert set(answers) == set(cases)
+    for case, answer in answers.items():
+        experiment, arm = case.split("/")
+        assert "error" not in answer, f"{case}: {answer.get('error')}"
+        resolved = answer["resolved"]
+        transport = written_commands[experiment][arm]["transport"]
+        assert resolved["mm_feature_transport"] == transport, case
+        assert resolved["disable_radix_cache"] is RADIX_CACHE_OFF[experiment], case
+        assert resolved["mm_preprocess_cache_size_mb"] == 0, case
+        assert resolved["model_path"] == MODEL_PATH, case
+        assert resolved["served_model_name"] == "Qwen/Qwen3-VL-4B-Instruct", case
+        assert (resolved["host"], resolved["port"]) == ("127.0.0.1", 30000), case
+
+
+def test_sglang_0_5_23_parses_memory_and_extra_arguments(sglang_parser_python):
+    config = experiment_config("p5")
+    settings = config["sglang"] | {
+        "mem_fraction_static": 0.75,
+        "max_total_tokens": 150000,
+        "extra_server_args": ["--max-running-requests", "32"],
+    }
+    argv = sglang_server_argv(config["arms"][1], settings, MODEL_PATH, 30001)
+
+    answer = sglang_parses(sglang_parser_python, {"p5": server_arguments(argv)})["p5"]
+
+    assert "error" not in answer, answer
+    assert answer["resolved"] | {"model_path": None} == {
+        "model_path": None,
+        "served_model_name": "Qwen/Qwen3-VL-4B-Instruct",
+        "host": "127.0.0.1",
+        "port": 30001,
+        "mm_feature_transport": "cuda_ipc",
+        "disable_radix_cache": False,
+        "mm_preprocess_cache_size_mb": 0,
+        "mem_fraction_static": 0.75,
+        "max_total_tokens": 150000,
+        "max_running_requests": 32,
+    }
+
+
+def test_sglang_0_5_23_refuses_what_it_does_not_know(sglang_parser_python):
+    """The check is SGLang's: a transport or flag it lacks fails, as on a GPU host."""
+    answers = sglang_parses(
+        sglang_parser_python,
+        {
+            "transport": ["--model-path", MODEL_PATH, "--mm-feature-transport", "shm"],
+            "flag": ["--model-path", MODEL_PATH, "--mm-feature-transport-pool", "1"],
+        },
+    )
+    assert "invalid choice: 'shm'" in answers["transport"]["error"]
+    assert "unrecognized arguments" in answers["flag"]["error"]
