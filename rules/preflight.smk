@@ -12,6 +12,7 @@ rule preflight:
     params:
         engine=engine_settings(),
         arms=config["arms"],
+        workloads=config["workloads"],
         monitors=config["monitors"],
     script:
         "../scripts/preflight.py"

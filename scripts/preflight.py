@@ -13,7 +13,7 @@ log = logging.getLogger("preflight")
 
 engine = snakemake.params.engine
 host = describe_host(engine, snakemake.params.arms)
-needs = unmet_needs(host, engine, snakemake.params.arms)
+needs = unmet_needs(host, engine, snakemake.params.arms, snakemake.params.workloads)
 for arm in host["arms"]:
     if arm["warning"]:
         log.warning("WARNING: %s", arm["warning"])

@@ -9,7 +9,9 @@ not valid, and no process, cgroup or shared-memory segment of the run is left.
 
 import json
 import os
+import shutil
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -273,3 +275,37 @@ def test_a_port_taken_before_the_server_binds_it_is_retried(
         squatter.close()
     assert metrics["valid"], metrics["invalid_reasons"]
     assert "address already in use" in (tmp_path / "server.log").read_text().lower()
+
+
+RUN_IN_SMALL_SHM = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[2])
+from test_arm_runner import ARM, run
+variant = json.loads(Path(sys.argv[1]).read_text())
+metrics = run(variant, Path(sys.argv[3]), Path(sys.argv[4]), arm=ARM | {"requests": 12})
+print(json.dumps(metrics))
+"""
+
+
+@pytest.mark.skipif(not shutil.which("unshare"), reason="needs util-linux unshare")
+def test_a_too_small_dev_shm_makes_the_run_invalid(variant, workload, tmp_path):
+    """A full /dev/shm silently switches SGLang (and the engine) to inline
+    transport, skipping the copy under study: such a run must not count."""
+    variant_file = tmp_path / "variant.json"
+    variant_file.write_text(json.dumps(variant))
+    script = tmp_path / "run_in_small_shm.py"
+    script.write_text(RUN_IN_SMALL_SHM)
+    mount_small_shm = 'mount -t tmpfs -o size=2m tmpfs /dev/shm && exec "$@"'
+    finished = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount_small_shm]
+        + ["sh", sys.executable, str(script), str(variant_file)]
+        + [str(Path(__file__).parent), str(workload), str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    metrics = json.loads(finished.stdout.strip().splitlines()[-1])
+    assert metrics["valid"] is False
+    assert any("/dev/shm was full" in reason for reason in metrics["invalid_reasons"])

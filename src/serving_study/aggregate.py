@@ -12,6 +12,8 @@ Five tables come out, each written as CSV:
 - `invalid_runs`: which runs were left out and why.
 - `claims`: one verdict per claim of the config: holds, does not hold, or
   cannot tell when an arm has too few valid runs.
+- `releases` (only when the config sets `release_series`): each release
+  against the one before it, and the first that changed (release_change.py).
 
 Invalid runs never enter a median. With three runs a bootstrap interval can
 only take the three observed values, so below five runs none is given and
@@ -26,9 +28,16 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from serving_study.release_change import (
+    ChangeCriterion,
+    release_labels,
+    releases_table,
+)
 from serving_study.run_metrics import METRICS, RUN_COUNTS
 
 TABLE_NAMES = ("runs", "arms", "ratios", "invalid_runs", "claims")
+# Written only for an experiment whose arms are a release series.
+RELEASE_TABLE = "releases"
 
 HOLDS = "holds"
 DOES_NOT_HOLD = "does not hold"
@@ -67,13 +76,20 @@ def tables_from_metrics(records: list[dict], config: dict) -> dict[str, pd.DataF
     check_claims(config)
     runs = runs_table(records, config)
     arms = arms_table(runs, config)
-    return {
+    tables = {
         "runs": runs,
         "arms": arms,
         "ratios": ratios_table(runs, arms, config),
         "invalid_runs": invalid_runs_table(runs),
         "claims": claims_table(runs, arms, config),
     }
+    if config.get("release_series"):
+        tables[RELEASE_TABLE] = releases_table(
+            arms,
+            release_labels(config),
+            ChangeCriterion.from_config(config.get("change_criterion")),
+        )
+    return tables
 
 
 def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path) -> list[Path]:
@@ -81,7 +97,9 @@ def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name in TABLE_NAMES:
+    for name in (*TABLE_NAMES, RELEASE_TABLE):
+        if name not in tables:
+            continue
         path = out_dir / f"{name}.csv"
         tables[name].to_csv(path, index=False)
         paths.append(path)
@@ -97,6 +115,9 @@ def read_tables(in_dir: Path) -> dict[str, pd.DataFrame]:
             tables[name] = pd.read_csv(path)
         except pd.errors.EmptyDataError:
             tables[name] = pd.DataFrame()
+    releases = Path(in_dir) / f"{RELEASE_TABLE}.csv"
+    if releases.is_file():
+        tables[RELEASE_TABLE] = pd.read_csv(releases)
     return tables
 
 

@@ -295,6 +295,7 @@ def _run_arm(
         "started_at": started_at,
     }
     server = None
+    inline_images = 0
     try:
         server, base_url = start_healthy_server(
             engine, variant, arm, group_name, paths, client
@@ -315,6 +316,9 @@ def _run_arm(
                 f"{server.log_tail()}"
             )
         checks = validity_checks(arm, client, server_info, window, server)
+        inline_images = read_server_info(base_url).get("inline_fallbacks", 0) - (
+            server_info.get("inline_fallbacks", 0)
+        )
         provenance["client"] = load_summary
         write_json(paths.monitors, window)
         metrics = summarize_run(paths.requests, paths.monitors, arm_record, checks)
@@ -330,6 +334,12 @@ def _run_arm(
             server.stop()
             provenance["leaked_segments_removed"] = server.leaked_segments
     metrics.update(experiment=experiment, arm=arm["name"], run=run)
+    if metrics.get("valid") and inline_images:
+        metrics["valid"] = False
+        metrics.setdefault("invalid_reasons", []).append(
+            f"{inline_images} images went inline because /dev/shm was full, so the "
+            "shared-memory copy under study was skipped; give the server more /dev/shm"
+        )
     if server is not None and server.leaked_segments and metrics.get("valid"):
         metrics["valid"] = False
         metrics.setdefault("invalid_reasons", []).append(

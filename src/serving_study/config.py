@@ -14,6 +14,7 @@ from pathlib import Path
 
 import jsonschema
 import yaml
+from packaging.version import InvalidVersion, Version
 
 
 class ConfigError(ValueError):
@@ -170,6 +171,52 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
                 f"{where}: a claim compares either numerator/denominator arms or a "
                 "list of 'arms' within a tolerance"
             )
+    problems += release_series_problems(config)
+    problems += bisect_problems(config, arm_names)
+    return problems
+
+
+def release_series_problems(config: dict) -> list[str]:
+    """A release series lists its PyPI releases in ascending version order."""
+    if not config.get("release_series"):
+        return []
+    variants = {variant["name"]: variant for variant in config.get("variants", [])}
+    sources = {source["name"]: source for source in config.get("sources", [])}
+    problems = []
+    previous = None
+    for index, arm in enumerate(config.get("arms", [])):
+        source = sources.get(variants.get(arm["variant"], {}).get("source"), {})
+        if "pypi" not in source:
+            continue
+        try:
+            version = Version(source["pypi"]["version"])
+        except InvalidVersion:
+            problems.append(
+                f"arms[{index}]: release {source['pypi']['version']!r} is not a "
+                "PyPI version, so the release order cannot be checked"
+            )
+            continue
+        if previous is not None and version <= previous[1]:
+            problems.append(
+                f"arms[{index}]: release {version} comes after {previous[1]} "
+                f"(arms[{previous[0]}]); with release_series the arms must list "
+                "releases in ascending order, each once"
+            )
+        previous = (index, version)
+    return problems
+
+
+def bisect_problems(config: dict, arm_names: list[str]) -> list[str]:
+    """The commit bisect names an arm of the config and two different ends."""
+    bisect = config.get("bisect")
+    if not bisect:
+        return []
+    problems = _must_name(bisect["arm"], arm_names, "bisect.arm", "arm")
+    if bisect["good"] == bisect["bad"]:
+        problems.append(
+            "bisect: good and bad are the same revision; give the older commit "
+            "(before the change) as good and the newer one as bad"
+        )
     return problems
 
 

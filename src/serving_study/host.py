@@ -223,9 +223,38 @@ def quota_problem() -> str | None:
     return None
 
 
-def unmet_needs(host: dict, engine: dict, arms: list[dict]) -> list[str]:
+def feature_bytes(workload: dict) -> int:
+    """Bytes of one image's pixel_values: float32, (h/16 * w/16) rows of 1536."""
+    from serving_study.engine.preprocess import smart_resize
+
+    height, width = smart_resize(workload["height"], workload["width"])
+    return (height // 16) * (width // 16) * 1536 * 4
+
+
+def shared_memory_needed_mib(arms: list[dict], workloads: list[dict]) -> float:
+    """/dev/shm the busiest arm can hold at once: one segment per request in flight."""
+    by_name = {workload["name"]: workload for workload in workloads}
+    return max(
+        arm["concurrency"] * feature_bytes(by_name[arm["workload"]]) / 1024**2
+        for arm in arms
+    )
+
+
+def unmet_needs(
+    host: dict, engine: dict, arms: list[dict], workloads: list[dict] | None = None
+) -> list[str]:
     """What the experiment needs that this host lacks, one sentence each."""
     needs = []
+    free_mib = host.get("shared_memory_free_mib")
+    if workloads and engine["runtime"] == "local" and free_mib is not None:
+        needed_mib = shared_memory_needed_mib(arms, workloads)
+        if free_mib < needed_mib:
+            needs.append(
+                f"/dev/shm has {free_mib:.0f} MiB free, but the arms need up to "
+                f"{needed_mib:.0f} MiB (one pixel_values segment per request in "
+                "flight); a full /dev/shm makes the server send images inline and "
+                "skip the copy under study: free or enlarge /dev/shm"
+            )
     if engine["runtime"] == "local" and any(quota_cores(arm) for arm in arms):
         problem = quota_problem()
         if problem:

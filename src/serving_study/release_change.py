@@ -79,9 +79,7 @@ class ChangeCriterion:
         return cls(
             metric=settings.get("metric", defaults.metric),
             min_change=float(settings.get("min_change", defaults.min_change)),
-            min_valid_runs=int(
-                settings.get("min_valid_runs", defaults.min_valid_runs)
-            ),
+            min_valid_runs=int(settings.get("min_valid_runs", defaults.min_valid_runs)),
         )
 
 
@@ -301,10 +299,7 @@ def describe_first_change(releases: pd.DataFrame, metric: str) -> str:
             if untold
             else ""
         )
-        return (
-            f"No release changed {label} beyond the run-to-run spread"
-            f"{untold_text}."
-        )
+        return f"No release changed {label} beyond the run-to-run spread{untold_text}."
     return (
         f"{label} first changed in {row['release']}: {row['ratio']:.3g}x "
         f"{row['compared_with']} ({row['detail']})."

@@ -1,11 +1,12 @@
 """One self-contained HTML page that states what this experiment found.
 
 The page opens with a plain sentence per claim (holds, does not hold, cannot
-tell), then the setup (host, quota, threads, GPU, engine, variants, run
-dates), the figures, and the tables: arms beside the study's numbers, ratios,
-claim verdicts, invalid runs and every run. The Vega, Vega-Lite and
-vega-embed libraries are inlined once from vl-convert's bundle, so the page
-loads nothing from the network. Every string that comes from a config, a host
+tell), and for a release series where each figure first changed; then the
+setup (host, quota, threads, GPU, engine, variants, run dates), the figures,
+and the tables: arms beside the study's numbers, ratios, claim verdicts,
+invalid runs and every run (and each release against the one before it).
+The Vega, Vega-Lite and vega-embed libraries are inlined once from
+vl-convert's bundle, so the page loads nothing from the network. Every string that comes from a config, a host
 description or a log is HTML-escaped; chart specs travel as JSON script
 blocks with `<`, `>` and `&` escaped so no string can close its tag.
 
@@ -34,14 +35,28 @@ from serving_study.aggregate import (
     format_number,
     is_number,
 )
+from serving_study.release_change import (
+    ChangeCriterion,
+    describe_first_change,
+    false_alarm_chance,
+)
 from serving_study.report_charts import (
     FIGURE_TITLES,
     chart_specs,
     has_several_concurrencies,
+    is_release_series,
 )
 from serving_study.run_metrics import METRICS
 
 FIGURE_CAPTIONS = {
+    "release_series": (
+        "Per release, in release order: the median over valid runs (colored by "
+        "how it compares with the release before), its [min, max] (vertical "
+        "rule) and each valid run (black dots). The dashed red line marks the "
+        "first release whose runs differ from the release before beyond the "
+        "run-to-run spread: [min, max] ranges apart and medians at least the "
+        "configured smallest change apart."
+    ),
     "throughput_vs_concurrency": (
         "Median throughput over valid runs at each concurrency, one line per "
         "transport; vertical rules span the runs' [min, max], dots are single "
@@ -92,6 +107,7 @@ TABLE_TITLES = {
     "claims": "Claims and verdicts",
     "invalid_runs": "Invalid runs, left out of every median",
     "runs": "Every run",
+    "releases": "Releases: each against the release before",
 }
 
 EMBED_OPTIONS = {
@@ -133,6 +149,8 @@ def build_report(
     shown = ["arm_comparison"]
     if has_several_concurrencies(config):
         shown.insert(0, "throughput_vs_concurrency")
+    if "release_series" in specs:
+        shown.insert(0, "release_series")
     out_html = Path(out_html)
     out_html.parent.mkdir(parents=True, exist_ok=True)
     out_html.write_text(
@@ -183,6 +201,7 @@ def render_report(
         f"<p>{escape(config.get('description', ''))}</p>",
         "<h2>Verdicts</h2>",
         verdicts_html(tables),
+        release_change_html(tables, config),
         "<h2>Setup</h2>",
         setup_html(tables, config, host),
         "<h3>Variants</h3>",
@@ -446,13 +465,65 @@ def method_html(config: dict) -> str:
 
 
 def table_sections(tables: dict[str, pd.DataFrame], config: dict) -> dict[str, str]:
-    return {
+    sections = {
         "arms": arms_html(tables),
         "ratios": ratios_html(tables),
         "claims": claims_html(tables),
         "invalid_runs": invalid_runs_html(tables),
         "runs": runs_html(tables),
     }
+    if is_release_series(config, tables):
+        sections = {"releases": releases_html(tables, config), **sections}
+    return sections
+
+
+def release_change_html(tables: dict[str, pd.DataFrame], config: dict) -> str:
+    """Where each figure of a release series first changed, or nothing."""
+    if not is_release_series(config, tables):
+        return ""
+    releases = tables["releases"]
+    items = "".join(
+        f"<li>{escape(describe_first_change(releases, metric))}</li>"
+        for metric in dict.fromkeys(releases["metric"])
+    )
+    return f'<h3>Release series</h3><ul class="verdicts">{items}</ul>'
+
+
+def releases_html(tables: dict[str, pd.DataFrame], config: dict) -> str:
+    releases = tables["releases"]
+    criterion = ChangeCriterion.from_config(config.get("change_criterion"))
+    runs = criterion.min_valid_runs
+    note = (
+        "A release differs from the one before it when their [min, max] ranges "
+        "over valid runs do not overlap and the larger median is at least "
+        f"{1 + criterion.min_change:.3g}x the smaller; each needs {runs} valid "
+        f"runs. Two releases that perform alike still fall apart by chance in "
+        f"{false_alarm_chance(runs, runs):.1%} of comparisons of {runs} runs each."
+    )
+    header = [
+        "release",
+        "figure",
+        "valid runs",
+        "median [min–max]",
+        "against",
+        "ratio",
+        "verdict",
+        "why",
+    ]
+    rows = [
+        [
+            row["release"],
+            f"{row['label']} ({row['unit']})",
+            text(row["runs"]),
+            summary_text({**row, "ci_low": math.nan}),
+            text(row["compared_with"]),
+            ratio_text(row["ratio"]),
+            ("first change: " if row["first_change"] else "") + text(row["verdict"]),
+            text(row["detail"]),
+        ]
+        for row in releases.to_dict("records")
+    ]
+    return f'<p class="note">{escape(note)}</p>' + html_table(header, rows)
 
 
 def arms_html(tables: dict[str, pd.DataFrame]) -> str:

@@ -59,9 +59,7 @@ def make_app(tokens: int) -> web.Application:
         return web.json_response({"status": "ok"})
 
     app = web.Application(client_max_size=1024**3)
-    app.add_routes(
-        [web.post("/v1/chat/completions", chat), web.get("/health", health)]
-    )
+    app.add_routes([web.post("/v1/chat/completions", chat), web.get("/health", health)])
     return app
 
 

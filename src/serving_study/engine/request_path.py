@@ -96,6 +96,8 @@ class RequestPath:
         self._transport = transport
         self.timings = RequestPathTimings()
         self._warned_inline = False
+        # Images sent inline because /dev/shm was full: the copy under study skipped.
+        self.inline_fallbacks = 0
         if transport == CUDA_IPC_TRANSPORT:
             # Registers the CUDA tensor reductions (IPC handles) with pickling.
             from multiprocessing.reduction import ForkingPickler
@@ -147,6 +149,7 @@ class RequestPath:
             pointer = self._shm_pointer_class(pixel_values)
         except OSError as error:
             # SGLang's _wrap_shm_or_inline: a full /dev/shm falls back to inline.
+            self.inline_fallbacks += 1
             if not self._warned_inline:
                 logger.warning(
                     "shared memory allocation failed (%s); falling back to "

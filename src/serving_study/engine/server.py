@@ -182,6 +182,7 @@ class Engine:
             "mm_utils_sha256": self.variant.mm_utils_sha256,
             "shm_pointer_free_names": list(self.variant.free_names),
             "request_path": self.request_path.timings.as_dict(),
+            "inline_fallbacks": self.request_path.inline_fallbacks,
             "python_version": platform.python_version(),
             "torch_version": torch.__version__,
             "launch_command": sys.argv,

@@ -1,0 +1,80 @@
+"""The preflight's host description and the needs it refuses to run without."""
+
+from serving_study.host import (
+    arm_thread_plan,
+    feature_bytes,
+    shared_memory_needed_mib,
+    unmet_needs,
+)
+
+WORKLOADS = [
+    {"name": "w512", "width": 512, "height": 512},
+    {"name": "w2048", "width": 2048, "height": 2048},
+]
+ARMS = [
+    {"name": "small", "workload": "w512", "concurrency": 16, "cpu_quota": 0.5},
+    {"name": "big", "workload": "w2048", "concurrency": 4, "cpu_quota": "none"},
+]
+LOCAL = {"engine": "embedded", "runtime": "local"}
+
+
+def host(**overrides) -> dict:
+    base = {
+        "shared_memory_free_mib": 10_000,
+        "gpu": {"gpus": [], "reason": "no NVIDIA driver"},
+        "container_runtimes": {
+            "docker": {"installed": True, "engine_reachable": False},
+            "podman": {"installed": False, "engine_reachable": False},
+        },
+    }
+    return base | overrides
+
+
+def test_feature_sizes_are_qwen3_vl_pixel_values():
+    assert feature_bytes({"width": 512, "height": 512}) == 6 * 1024**2
+    assert feature_bytes({"width": 2048, "height": 2048}) == 96 * 1024**2
+
+
+def test_shared_memory_need_is_the_busiest_arm():
+    assert shared_memory_needed_mib(ARMS, WORKLOADS) == 4 * 96
+
+
+def test_too_little_shared_memory_is_refused_naming_the_sizes():
+    needs = unmet_needs(host(shared_memory_free_mib=100), LOCAL, ARMS, WORKLOADS)
+    assert len(needs) == 1
+    assert "/dev/shm has 100 MiB free" in needs[0] and "384 MiB" in needs[0]
+
+
+def test_enough_shared_memory_passes():
+    assert (
+        unmet_needs(host(), LOCAL, [ARMS[1] | {"cpu_quota": "none"}], WORKLOADS) == []
+    )
+
+
+def test_sglang_engine_without_gpu_is_refused():
+    needs = unmet_needs(host(), {"engine": "sglang", "runtime": "local"}, [], None)
+    assert any("needs an NVIDIA GPU" in need for need in needs)
+
+
+def test_container_runtime_without_engine_is_refused():
+    needs = unmet_needs(host(), {"engine": "embedded", "runtime": "docker"}, [], None)
+    assert any("'docker info' fails" in need for need in needs)
+    needs = unmet_needs(host(), {"engine": "embedded", "runtime": "podman"}, [], None)
+    assert any("'podman' is not installed" in need for need in needs)
+
+
+def test_threads_far_above_the_quota_are_warned_about():
+    plan = arm_thread_plan(
+        [
+            {"name": "default", "cpu_quota": 0.5, "environment": {}},
+            {
+                "name": "capped",
+                "cpu_quota": 0.5,
+                "environment": {"OMP_NUM_THREADS": "1"},
+            },
+        ]
+    )
+    default, capped = plan
+    assert capped["intra_op_threads"] == 1 and capped["warning"] is None
+    if default["intra_op_threads"] > 1:  # a host with one CPU starts one thread
+        assert "ignores the quota" in default["warning"]
