@@ -127,9 +127,9 @@ def start_healthy_server(
 
 
 def read_server_info(base_url: str) -> dict:
-    response = http.get(f"{base_url}/server_info", timeout=30)
-    response.raise_for_status()
-    return response.json()
+    with http.get(f"{base_url}/server_info", timeout=30) as response:
+        response.raise_for_status()
+        return response.json()
 
 
 def measure(
