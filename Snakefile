@@ -19,10 +19,13 @@ include: "rules/common.smk"
 include: "rules/variants.smk"
 include: "rules/workloads.smk"
 include: "rules/preflight.smk"
+include: "rules/images.smk"
 include: "rules/arms.smk"
 include: "rules/aggregate.smk"
+include: "rules/bisect.smk"
 include: "rules/model.smk"
 include: "rules/commands.smk"
+include: "rules/benchmarks.smk"
 
 
 rule all:

@@ -3,11 +3,40 @@
 # study's numbers beside ours, and the same figures and tables as items of
 # Snakemake's own report (snakemake --report).
 
+# A release series (config: release_series) adds a table of each release against the
+# one before it, its figure and its table page.
+RELEASE_TABLE_OUTPUT = (
+    {"releases": "results/{experiment}/tables/releases.csv"}
+    if config["release_series"]
+    else {}
+)
+RELEASE_REPORT_ITEMS = (
+    {
+        "release_figure": report(
+            "results/{experiment}/figures/release_series.html",
+            caption="../report/release_series.rst",
+            category="{experiment}",
+            subcategory="Figures",
+            labels={"item": "releases in order, first change marked"},
+        ),
+        "releases_table": report(
+            "results/{experiment}/figures/table_releases.html",
+            caption="../report/table_releases.rst",
+            category="{experiment}",
+            subcategory="Tables",
+            labels={"item": "each release against the one before"},
+        ),
+    }
+    if config["release_series"]
+    else {}
+)
+
 
 rule aggregate:
     input:
         metrics=run_metrics_files(),
     output:
+        **RELEASE_TABLE_OUTPUT,
         runs="results/{experiment}/tables/runs.csv",
         arms="results/{experiment}/tables/arms.csv",
         ratios="results/{experiment}/tables/ratios.csv",
@@ -29,6 +58,7 @@ rule report_html:
         host="results/{experiment}/host.json",
         variants=variant_identity_files(),
     output:
+        **RELEASE_REPORT_ITEMS,
         html=report(
             "results/{experiment}/report.html",
             caption="../report/report_page.rst",

@@ -9,6 +9,7 @@ rule run_arm:
         variant=variant_of_arm,
         workload=workload_of_arm,
         host="results/{experiment}/host.json",
+        image=image_of_arm,
     output:
         metrics="results/{experiment}/{arm}/run{run}/metrics.json",
         requests="results/{experiment}/{arm}/run{run}/requests.jsonl",
@@ -23,7 +24,7 @@ rule run_arm:
     threads: WHOLE_HOST
     params:
         arm=lambda wildcards: ARMS[wildcards.arm],
-        engine=engine_settings(),
+        engine=arm_engine_settings,
         client=config["client"],
         monitors=config["monitors"],
     script:

@@ -16,7 +16,8 @@ rule launch_commands:
         runtime=config["runtime"],
         arm=lambda wildcards: ARMS[wildcards.arm],
         sglang=config["sglang"],
-        models_directory="resources/models",
+        model_download_directory=model_download_directory(),
+        quota_during_startup=config["client"]["quota_during_startup"],
     script:
         "../scripts/launch_commands.py"
 

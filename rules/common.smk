@@ -96,6 +96,7 @@ def engine_settings():
         "runtime": config["runtime"],
         "embedded": config["embedded_engine"],
         "sglang": config["sglang"],
+        "container": config["container"],
     }
 
 
@@ -118,3 +119,53 @@ def launch_commands_files():
 def model_snapshot_file():
     """The checked model snapshot's record; a real SGLang arm needs it."""
     return f"resources/models/{MODEL}/snapshot.json"
+
+
+def model_download_directory():
+    """Where the model rule downloads the model when config names no local path."""
+    return f"resources/models/{MODEL}/snapshot"
+
+
+# --- Container images (runtime docker or podman) -----------------------------------
+
+CONTAINER_RUNTIMES = ("docker", "podman")
+
+
+def in_containers():
+    """Arms run as containers, each from its variant's image (rules/images.smk)."""
+    return config["runtime"] in CONTAINER_RUNTIMES
+
+
+def project_file(relative):
+    """A file of the project itself (not of the working directory), as an input."""
+    return str(PROJECT_ROOT / relative)
+
+
+def image_of_arm(wildcards):
+    """The image id file of the arm's variant when arms run in containers."""
+    if not in_containers():
+        return []
+    return f"results/images/{ARMS[wildcards.arm]['variant']}.iid"
+
+
+def arm_engine_settings(wildcards):
+    """engine_settings(), plus the arm's image id file when it runs in a container."""
+    return engine_settings() | {"image_id_file": image_of_arm(wildcards) or None}
+
+
+def wheelhouse_of_engine():
+    """The wheelhouse the embedded engine's image installs (the SGLang image has all)."""
+    return "resources/wheelhouse" if config["engine"] == "embedded" else []
+
+
+def package_files_of_engine():
+    """The serving_study sources an embedded image holds: a change rebuilds it."""
+    if config["engine"] != "embedded":
+        return []
+    package = PROJECT_ROOT / "src" / "serving_study"
+    return sorted(str(path) for path in package.rglob("*.py"))
+
+
+def image_settings():
+    """The config section the engine's Dockerfile takes its build arguments from."""
+    return config["container"] if config["engine"] == "embedded" else config["sglang"]

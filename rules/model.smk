@@ -13,6 +13,8 @@ rule model:
         "../envs/workflow.yaml"
     params:
         sglang=config["sglang"],
-        models_directory="resources/models",
+        download_directory=lambda wildcards, output: Path(output.snapshot).with_name(
+            "snapshot"
+        ),
     script:
         "../scripts/model_snapshot.py"

@@ -23,8 +23,9 @@ commands = arm_launch_commands(
     sglang_settings=sglang,
     runtime=snakemake.params.runtime,
     model_host_path=str(
-        model_host_path(sglang, Path(snakemake.params.models_directory))
+        model_host_path(sglang, Path(snakemake.params.model_download_directory))
     ),
+    quota_during_startup=snakemake.params.quota_during_startup,
 )
 write_json(Path(snakemake.output.commands), commands)
 logging.info("%s", " ".join(commands["container_argv"] or commands["server_argv"]))

@@ -13,7 +13,7 @@ log = logging.getLogger("model")
 
 try:
     snapshot = ensure_model_snapshot(
-        dict(snakemake.params.sglang), Path(snakemake.params.models_directory)
+        dict(snakemake.params.sglang), Path(snakemake.params.download_directory)
     )
 except ModelUnavailable as error:
     log.error("%s", error)

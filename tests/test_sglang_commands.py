@@ -23,6 +23,7 @@ import yaml
 from serving_study.config import check_config
 from serving_study.sglang_commands import (
     ServerArgumentConflict,
+    arm_launch_commands,
     container_model_path,
     sglang_server_argv,
     sglang_server_environment,
@@ -179,11 +180,63 @@ def test_extra_arguments_may_not_override_a_config_key(extra, arm_arguments, nam
         sglang_server_argv(arm, settings, MODEL_PATH, 30000)
 
 
+def test_the_quota_is_in_the_container_argv_only_when_given_at_start():
+    config = experiment_config("b1")
+    launch = {
+        quota_during_startup: arm_launch_commands(
+            experiment="b1",
+            arm=config["arms"][1],
+            sglang_settings=config["sglang"],
+            runtime="docker",
+            model_host_path="/data/qwen",
+            quota_during_startup=quota_during_startup,
+        )
+        for quota_during_startup in (True, False)
+    }
+    assert flag_values(launch[True]["container_argv"], "--cpus") == ["13.6"]
+    assert "--cpus" not in launch[False]["container_argv"]
+    assert launch[True]["environment"]["OMP_NUM_THREADS"] == "8"
+    assert "OMP_NUM_THREADS=8" in flag_values(launch[True]["container_argv"], "--env")
+
+
+def test_a_hugging_face_cache_snapshot_is_mounted_with_its_blobs():
+    config = experiment_config("p4")
+    cache = "/data/hf/hub/models--Qwen--Qwen3-VL-4B-Instruct"
+    launch = arm_launch_commands(
+        experiment="p4",
+        arm=config["arms"][0],
+        sglang_settings=config["sglang"],
+        runtime="docker",
+        model_host_path=f"{cache}/snapshots/{'a' * 40}",
+        quota_during_startup=False,
+    )
+    assert flag_values(launch["container_argv"], "--volume") == [
+        f"{cache}:{MODEL_PATH}:ro"
+    ]
+    assert flag_values(launch["server_argv"], "--model-path") == [
+        f"{MODEL_PATH}/snapshots/{'a' * 40}"
+    ]
+
+
+def test_a_local_server_loads_the_model_from_its_host_path():
+    config = experiment_config("p6b")
+    launch = arm_launch_commands(
+        experiment="p6b",
+        arm=config["arms"][0],
+        sglang_settings=config["sglang"],
+        runtime="local",
+        model_host_path="/data/qwen",
+        quota_during_startup=False,
+    )
+    assert launch["container_argv"] is None
+    assert flag_values(launch["server_argv"], "--model-path") == ["/data/qwen"]
+
+
 # --- the commands rule and SGLang's own parser ---------------------------------
 
 
-def run_commands_rule(workdir: Path, experiment: str) -> None:
-    finished = subprocess.run(
+def start_commands_rule(workdir: Path, experiment: str) -> subprocess.Popen:
+    return subprocess.Popen(
         [
             sys.executable,
             "-m",
@@ -198,22 +251,33 @@ def run_commands_rule(workdir: Path, experiment: str) -> None:
             "1",
             "commands",
         ],
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=600,
     )
-    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
 
 
 @pytest.fixture(scope="module")
 def written_commands(tmp_path_factory) -> dict[str, dict[str, dict]]:
-    """experiment -> arm -> the JSON the ``commands`` rule wrote for it."""
-    workdir = tmp_path_factory.mktemp("commands")
+    """experiment -> arm -> the JSON the ``commands`` rule wrote for it (the four
+    experiments at once, each in its own working directory)."""
+    workdirs = {name: tmp_path_factory.mktemp(name) for name in GPU_EXPERIMENTS}
+    runs = {name: start_commands_rule(workdirs[name], name) for name in workdirs}
+    outputs = {}
+    try:
+        for name, run in runs.items():
+            outputs[name] = run.communicate(timeout=600)[0]
+    finally:
+        for run in runs.values():
+            if run.poll() is None:
+                run.kill()
+                run.wait()
+    for name, run in runs.items():
+        assert run.returncode == 0, f"{name}:\n{outputs[name][-3000:]}"
     written = {}
-    for experiment in GPU_EXPERIMENTS:
-        run_commands_rule(workdir, experiment)
-        directory = workdir / "results" / experiment / "commands"
-        written[experiment] = {
+    for name, workdir in workdirs.items():
+        directory = workdir / "results" / name / "commands"
+        written[name] = {
             path.stem: json.loads(path.read_text())
             for path in sorted(directory.glob("*.json"))
         }
@@ -235,7 +299,12 @@ def test_the_rule_writes_every_arm_with_its_container(written_commands):
             assert container[:2] == ["docker", "run"]
             assert container[-len(commands["server_argv"]) :] == commands["server_argv"]
             assert "--ipc=host" in container and "--network=host" in container
-            assert "--cpu-quota=1360000" in container
+            assert flag_values(container, "--gpus") == ["all"]
+            assert "localhost/serving-study-sglang:" + arm["variant"] in container
+            # The runner puts the quota in force once the server is healthy.
+            assert commands["quota_cores"] == 13.6
+            assert commands["quota_from"] == "healthy"
+            assert "--cpus" not in container
             mount = flag_values(container, "--volume")
             host_path = commands["model"]["host_path"]
             assert mount == [f"{host_path}:{model_path}:ro"]
@@ -298,44 +367,61 @@ def server_arguments(server_argv: list[str]) -> list[str]:
     return server_argv[3:]
 
 
-def test_sglang_0_5_23_accepts_every_arm_as_configured(
-    written_commands, sglang_parser_python
-):
-    cases = {
-        f"{experiment}/{arm}": server_arguments(commands["server_argv"])
-        for experiment, arms in written_commands.items()
-        for arm, commands in arms.items()
-    }
-    answers = sglang_parses(sglang_parser_python, cases)
-
-    assert set(answers) == set(cases)
-    for case, answer in answers.items():
-        experiment, arm = case.split("/")
-        assert "error" not in answer, f"{case}: {answer.get('error')}"
-        resolved = answer["resolved"]
-        transport = written_commands[experiment][arm]["transport"]
-        assert resolved["mm_feature_transport"] == transport, case
-        assert resolved["disable_radix_cache"] is RADIX_CACHE_OFF[experiment], case
-        assert resolved["mm_preprocess_cache_size_mb"] == 0, case
-        assert resolved["model_path"] == MODEL_PATH, case
-        assert resolved["served_model_name"] == "Qwen/Qwen3-VL-4B-Instruct", case
-        assert (resolved["host"], resolved["port"]) == ("127.0.0.1", 30000), case
-
-
-def test_sglang_0_5_23_parses_memory_and_extra_arguments(sglang_parser_python):
+def memory_and_extra_arguments() -> list[str]:
     config = experiment_config("p5")
     settings = config["sglang"] | {
         "mem_fraction_static": 0.75,
         "max_total_tokens": 150000,
         "extra_server_args": ["--max-running-requests", "32"],
     }
-    argv = sglang_server_argv(config["arms"][1], settings, MODEL_PATH, 30001)
+    return sglang_server_argv(config["arms"][1], settings, MODEL_PATH, 30001)
 
-    answer = sglang_parses(sglang_parser_python, {"p5": server_arguments(argv)})["p5"]
 
+# What SGLang lacks must fail, as it would on a GPU host.
+UNKNOWN_TO_SGLANG = {
+    "unknown transport": ["--model-path", MODEL_PATH, "--mm-feature-transport", "shm"],
+    "unknown flag": ["--model-path", MODEL_PATH, "--mm-feature-transport-pool", "1"],
+}
+
+
+@pytest.fixture(scope="module")
+def sglang_answers(written_commands, sglang_parser_python) -> dict[str, dict]:
+    """SGLang's parser on every written arm and the cases below, in one process
+    (importing SGLang takes seconds)."""
+    cases = {
+        f"{experiment}/{arm}": server_arguments(commands["server_argv"])
+        for experiment, arms in written_commands.items()
+        for arm, commands in arms.items()
+    }
+    cases["memory and extra"] = server_arguments(memory_and_extra_arguments())
+    cases |= UNKNOWN_TO_SGLANG
+    answers = sglang_parses(sglang_parser_python, cases)
+    assert set(answers) == set(cases)
+    return answers
+
+
+def test_sglang_0_5_23_accepts_every_arm_as_configured(
+    written_commands, sglang_answers
+):
+    for experiment, arms in written_commands.items():
+        for arm, commands in arms.items():
+            case = f"{experiment}/{arm}"
+            answer = sglang_answers[case]
+            assert "error" not in answer, f"{case}: {answer.get('error')}"
+            resolved = answer["resolved"]
+            assert resolved["mm_feature_transport"] == commands["transport"], case
+            assert resolved["disable_radix_cache"] is RADIX_CACHE_OFF[experiment], case
+            assert resolved["mm_preprocess_cache_size_mb"] == 0, case
+            assert resolved["model_path"] == MODEL_PATH, case
+            assert resolved["served_model_name"] == "Qwen/Qwen3-VL-4B-Instruct", case
+            assert (resolved["host"], resolved["port"]) == ("127.0.0.1", 30000), case
+
+
+def test_sglang_0_5_23_parses_memory_and_extra_arguments(sglang_answers):
+    answer = sglang_answers["memory and extra"]
     assert "error" not in answer, answer
-    assert answer["resolved"] | {"model_path": None} == {
-        "model_path": None,
+    assert answer["resolved"] == {
+        "model_path": MODEL_PATH,
         "served_model_name": "Qwen/Qwen3-VL-4B-Instruct",
         "host": "127.0.0.1",
         "port": 30001,
@@ -348,14 +434,7 @@ def test_sglang_0_5_23_parses_memory_and_extra_arguments(sglang_parser_python):
     }
 
 
-def test_sglang_0_5_23_refuses_what_it_does_not_know(sglang_parser_python):
-    """The check is SGLang's: a transport or flag it lacks fails, as on a GPU host."""
-    answers = sglang_parses(
-        sglang_parser_python,
-        {
-            "transport": ["--model-path", MODEL_PATH, "--mm-feature-transport", "shm"],
-            "flag": ["--model-path", MODEL_PATH, "--mm-feature-transport-pool", "1"],
-        },
-    )
-    assert "invalid choice: 'shm'" in answers["transport"]["error"]
-    assert "unrecognized arguments" in answers["flag"]["error"]
+def test_sglang_0_5_23_refuses_what_it_does_not_know(sglang_answers):
+    """The check is SGLang's own: it is not a list of flags we keep."""
+    assert "invalid choice: 'shm'" in sglang_answers["unknown transport"]["error"]
+    assert "unrecognized arguments" in sglang_answers["unknown flag"]["error"]

@@ -117,7 +117,9 @@ def read_tables(in_dir: Path) -> dict[str, pd.DataFrame]:
             tables[name] = pd.DataFrame()
     releases = Path(in_dir) / f"{RELEASE_TABLE}.csv"
     if releases.is_file():
-        tables[RELEASE_TABLE] = pd.read_csv(releases)
+        # Release names stay text: "1.10" is not the number 1.1.
+        names = {"release": str, "compared_with": str, "arm": str}
+        tables[RELEASE_TABLE] = pd.read_csv(releases, dtype=names)
     return tables
 
 

@@ -29,6 +29,12 @@ from serving_study.client import (
     run_load,
     wait_until_healthy,
 )
+from serving_study.container_runtime import (
+    ContainerServer,
+    container_options,
+    read_image_id,
+)
+from serving_study.images import EMBEDDED_PYTHON, EMBEDDED_VARIANT_ROOT
 from serving_study.local_runtime import LocalServer, free_port
 from serving_study.monitors import RunMonitors
 from serving_study.run_metrics import failed_run_metrics, summarize_run
@@ -65,18 +71,65 @@ def quota_cores(arm: dict) -> float | None:
     return None if arm["cpu_quota"] == "none" else float(arm["cpu_quota"])
 
 
+def in_container(engine: dict) -> bool:
+    return engine["runtime"] != "local"
+
+
 def server_argv(engine: dict, variant: dict, arm: dict, port: int) -> list[str]:
-    if engine["engine"] != "embedded" or engine["runtime"] != "local":
+    if engine["engine"] != "embedded":
         raise ArmFailed(
-            f"engine {engine['engine']!r} with runtime {engine['runtime']!r} is not "
-            "supported by this version of the runner; use engine: embedded with "
-            "runtime: local"
+            f"engine {engine['engine']!r} is not supported by this version of the "
+            "runner; use engine: embedded"
         )
-    return embedded_server_argv(
-        sglang_python_root=variant["sglang_python_root"],
+    argv = embedded_server_argv(
+        sglang_python_root=(
+            EMBEDDED_VARIANT_ROOT
+            if in_container(engine)
+            else variant["sglang_python_root"]
+        ),
         port=port,
         transport=arm["transport"],
         settings=engine["embedded"],
+    )
+    if in_container(engine):
+        argv[0] = EMBEDDED_PYTHON  # the image's interpreter, not this host's
+    return argv
+
+
+def new_server(
+    engine: dict,
+    argv: list[str],
+    arm: dict,
+    name: str,
+    paths: RunPaths,
+    client: dict,
+    workload_manifest: Path | None,
+) -> LocalServer | ContainerServer:
+    """The server of one attempt: on this host, or in a container of its image.
+
+    A container gets the arm's environment and nothing of the host's.
+    """
+    if not in_container(engine):
+        return LocalServer(
+            argv,
+            server_environment(os.environ, arm.get("environment", {})),
+            quota_cores(arm),
+            name,
+            paths.server_log,
+            quota_during_startup=client["quota_during_startup"],
+        )
+    return ContainerServer(
+        argv,
+        dict(arm.get("environment", {})),
+        quota_cores(arm),
+        name,
+        paths.server_log,
+        quota_during_startup=client["quota_during_startup"],
+        image=read_image_id(engine["image_id_file"]),
+        runtime=engine["runtime"],
+        **container_options(
+            engine["container"], engine["engine"], arm["concurrency"], workload_manifest
+        ),
     )
 
 
@@ -87,18 +140,19 @@ def start_healthy_server(
     group_name: str,
     paths: RunPaths,
     client: dict,
-) -> tuple[LocalServer, str]:
+    workload_manifest: Path | None = None,
+) -> tuple[LocalServer | ContainerServer, str]:
     """Start the server on a free port and wait for /health; retry a lost port race."""
-    environment = server_environment(os.environ, arm.get("environment", {}))
     for attempt in range(1, PORT_ATTEMPTS + 1):
         port = free_port()
-        server = LocalServer(
+        server = new_server(
+            engine,
             server_argv(engine, variant, arm, port),
-            environment,
-            quota_cores(arm),
+            arm,
             f"{group_name}-try{attempt}",
-            paths.server_log,
-            quota_during_startup=client["quota_during_startup"],
+            paths,
+            client,
+            workload_manifest,
         )
         base_url = f"http://127.0.0.1:{port}"
         try:
@@ -298,7 +352,7 @@ def _run_arm(
     inline_images = 0
     try:
         server, base_url = start_healthy_server(
-            engine, variant, arm, group_name, paths, client
+            engine, variant, arm, group_name, paths, client, workload_manifest
         )
         server_info = read_server_info(base_url)
         provenance.update(
@@ -307,6 +361,12 @@ def _run_arm(
             server_info=server_info,
             quota_in_force=server.group.quota_in_force(),
         )
+        if isinstance(server, ContainerServer):
+            provenance.update(
+                container_argv=server.run_argv,
+                image=server.image,
+                quota_seen_inside=server.quota_seen_inside(),
+            )
         window, load_summary = measure(
             base_url, server, arm, engine, workload_manifest, client, monitors, paths
         )

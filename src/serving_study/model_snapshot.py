@@ -2,10 +2,10 @@
 
 Config either names a local snapshot (``sglang.model_path``), which is checked, or
 the Hub model (``sglang.model``) at a pinned commit (``sglang.model_revision``),
-which is downloaded with huggingface_hub into ``resources/models/<name>/snapshot/``
-(an interrupted download resumes). Either way the result is a record of where the
-snapshot is, which commit it is, and the sha256 of every file, so a run can name
-exactly the weights it served.
+which is downloaded with huggingface_hub (in the workflow into
+``resources/models/<name>/snapshot/``; an interrupted download resumes). Either way
+the result is a record of where the snapshot is, which commit it is, and the sha256
+of every file, so a run can name exactly the weights it served.
 
 A gated model needs ``HF_TOKEN`` in the environment; huggingface_hub reads it from
 there. This module never reads, logs or writes it.
@@ -16,7 +16,6 @@ import re
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serving_study.sglang_commands import model_directory_name
 from serving_study.sources import file_sha256
 
 REQUIRED_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
@@ -32,38 +31,34 @@ class ModelUnavailable(RuntimeError):
     names the config key to set."""
 
 
-def snapshot_directory(models_directory: Path, model: str) -> Path:
-    """Where a Hub download of ``model`` goes."""
-    return Path(models_directory) / model_directory_name(model) / "snapshot"
-
-
-def model_host_path(sglang_settings: dict, models_directory: Path) -> Path:
+def model_host_path(sglang_settings: dict, download_directory: Path) -> Path:
     """The model snapshot's directory on this host: ``sglang.model_path``, else
-    where the Hub download goes."""
+    ``download_directory``, where the Hub download goes."""
     if sglang_settings.get("model_path"):
         return Path(sglang_settings["model_path"]).expanduser().resolve()
-    return snapshot_directory(models_directory, sglang_settings["model"]).resolve()
+    return Path(download_directory).resolve()
 
 
-def ensure_model_snapshot(sglang_settings: dict, models_directory: Path) -> dict:
-    """Check or download the configured model; return its snapshot record.
+def ensure_model_snapshot(sglang_settings: dict, download_directory: Path) -> dict:
+    """Check or download (into ``download_directory``) the configured model; return
+    its snapshot record.
 
     ``sglang_settings`` is the config's ``sglang`` section. The record has the
-    snapshot's absolute ``path``, the ``commit`` it is (None when a local snapshot
-    does not say), where it came from (``origin``: local or hub) and ``files``:
-    relative path -> sha256.
+    snapshot's absolute ``path``, the pinned ``revision``, the ``commit`` it is
+    known to be (None when a local snapshot does not say), where it came from
+    (``origin``: local or hub) and ``files``: relative path -> sha256.
     """
     model = sglang_settings["model"]
     revision = sglang_settings.get("model_revision")
     if sglang_settings.get("model_path"):
-        path = model_host_path(sglang_settings, models_directory)
+        path = model_host_path(sglang_settings, download_directory)
         origin = "local"
         require_complete(path, "sglang.model_path")
         commit = local_commit(path, revision)
     else:
         revision = pinned_revision(sglang_settings)
         path = download_snapshot(
-            model, revision, model_host_path(sglang_settings, models_directory)
+            model, revision, model_host_path(sglang_settings, download_directory)
         )
         origin = "hub"
         require_complete(path, "the downloaded snapshot")
@@ -129,18 +124,18 @@ def require_complete(path: Path, what: str) -> None:
 
 
 def local_commit(path: Path, revision: str | None) -> str | None:
-    """The commit of a local snapshot, when its place in a Hugging Face cache says
-    (``.../snapshots/<commit>``); it must match a pinned ``revision``."""
-    commit = path.name if path.parent.name == "snapshots" else None
-    if commit is not None and not COMMIT.match(commit):
-        commit = None
-    if commit and revision and commit != revision:
+    """The commit of a local snapshot when its place in a Hugging Face cache says
+    (``.../snapshots/<commit>``), else None; it must match a pinned ``revision``."""
+    if path.parent.name != "snapshots" or not COMMIT.match(path.name):
+        return None
+    commit = path.name
+    if revision and commit != revision:
         raise ModelUnavailable(
             f"sglang.model_path {path} is the snapshot of commit {commit}, but "
             f"sglang.model_revision pins {revision}: point model_path at the pinned "
             "snapshot, or change model_revision"
         )
-    return commit or revision
+    return commit
 
 
 def download_snapshot(model: str, revision: str, destination: Path) -> Path:

@@ -5,7 +5,7 @@ own CPU is not charged to the arm's quota. It finds the server's processes once 
 the window starts (the main HTTP/tokenizer process and the `sglang::scheduler`), then
 samples cheap counters from a background thread:
 
-* per process: cumulative CPU time and OS thread count (psutil, one `oneshot()` each);
+* per process: cumulative CPU time and OS thread count (one read of /proc/<pid>/stat);
 * per thread of the main process, at a lower rate: how many threads ran (from
   /proc/<pid>/task/*/schedstat): the OpenMP workers that woke, plus a few others;
 * the group's `cpu.stat` (cores used, throttled share);
@@ -38,6 +38,7 @@ THREAD_ENVIRONMENT_VARIABLES = (
     "GOMP_SPINCOUNT",
 )
 GPU_PROCESS_MEMORY_MAX_HZ = 1.0
+CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 
 
 class ReadableGroup(Protocol):
@@ -118,12 +119,27 @@ def find_server_processes(root_pid: int, group_pids: list[int]) -> ServerProcess
 # --- Small readers --------------------------------------------------------------
 
 
-def _cpu_seconds_if_alive(process: psutil.Process) -> float | None:
-    """User + system CPU seconds; None once the process has exited (zombie too)."""
-    if process.status() == psutil.STATUS_ZOMBIE:
-        return None
-    times = process.cpu_times()
-    return times.user + times.system
+def _cpu_seconds_and_threads(pid: int) -> tuple[float | None, int | None]:
+    """User + system CPU seconds and thread count of a process; None once it exited.
+
+    One read of /proc/<pid>/stat, the counters psutil reads too (a zombie counts as
+    exited): at 10 Hz psutil's own per-call work was most of the monitors' CPU.
+    """
+    try:
+        descriptor = os.open(f"/proc/{pid}/stat", os.O_RDONLY)
+        try:
+            stat = os.read(descriptor, 4096)
+        finally:
+            os.close(descriptor)
+    except OSError:
+        return None, None
+    # The fields after the command name, which is in parentheses and may hold spaces:
+    # state, then (counting from 0) utime at 11, stime at 12, num_threads at 17.
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if not fields or fields[0] == b"Z":
+        return None, None
+    cpu_seconds = (int(fields[11]) + int(fields[12])) / CLOCK_TICKS_PER_SECOND
+    return cpu_seconds, int(fields[17])
 
 
 def _thread_run_nanoseconds(pid: int) -> dict[int, int]:
@@ -372,19 +388,10 @@ class RunMonitors:
     # -- reading
 
     def _read(self, processes: ServerProcesses) -> _Reading:
-        main_cpu = main_threads = scheduler_cpu = None
-        try:
-            with processes.main.oneshot():
-                main_cpu = _cpu_seconds_if_alive(processes.main)
-                main_threads = processes.main.num_threads()
-        except psutil.Error:
-            pass
+        main_cpu, main_threads = _cpu_seconds_and_threads(processes.main.pid)
+        scheduler_cpu = None
         if processes.scheduler is not None:
-            try:
-                with processes.scheduler.oneshot():
-                    scheduler_cpu = _cpu_seconds_if_alive(processes.scheduler)
-            except psutil.Error:
-                pass
+            scheduler_cpu, _ = _cpu_seconds_and_threads(processes.scheduler.pid)
         group = self.group.read_stat() if self.group is not None else None
         return _Reading(time.monotonic(), main_cpu, scheduler_cpu, main_threads, group)
 

@@ -170,7 +170,7 @@ def compare(earlier: Spread, later: Spread, criterion: ChangeCriterion) -> Compa
         f"[{later.low:.4g}, {later.high:.4g}]"
     )
     if apart and large_enough:
-        return Comparison(CHANGED, ratio, f"{ratio:.3g}x; ranges {ranges} apart")
+        return Comparison(CHANGED, ratio, f"ranges {ranges} apart")
     if not apart:
         reason = f"ranges {ranges} overlap"
     else:
@@ -178,7 +178,7 @@ def compare(earlier: Spread, later: Spread, criterion: ChangeCriterion) -> Compa
             f"ranges {ranges} apart, but below the {criterion.min_change:.0%} "
             "smallest change"
         )
-    return Comparison(NO_CHANGE, ratio, f"{ratio:.3g}x; {reason}")
+    return Comparison(NO_CHANGE, ratio, reason)
 
 
 def false_alarm_chance(runs_before: int, runs_after: int) -> float:
@@ -301,8 +301,8 @@ def describe_first_change(releases: pd.DataFrame, metric: str) -> str:
         )
         return f"No release changed {label} beyond the run-to-run spread{untold_text}."
     return (
-        f"{label} first changed in {row['release']}: {row['ratio']:.3g}x "
-        f"{row['compared_with']} ({row['detail']})."
+        f"{label} first changed in {row['release']}: {row['ratio']:.3g}x the "
+        f"median of {row['compared_with']}, {row['detail']}."
     )
 
 

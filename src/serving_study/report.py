@@ -6,9 +6,10 @@ setup (host, quota, threads, GPU, engine, variants, run dates), the figures,
 and the tables: arms beside the study's numbers, ratios, claim verdicts,
 invalid runs and every run (and each release against the one before it).
 The Vega, Vega-Lite and vega-embed libraries are inlined once from
-vl-convert's bundle, so the page loads nothing from the network. Every string that comes from a config, a host
-description or a log is HTML-escaped; chart specs travel as JSON script
-blocks with `<`, `>` and `&` escaped so no string can close its tag.
+vl-convert's bundle, so the page loads nothing from the network. Every
+string that comes from a config, a host description or a log is
+HTML-escaped; chart specs travel as JSON script blocks with `<`, `>` and `&`
+escaped so no string can close its tag.
 
 With a figures directory, each figure is also written as its own page and as
 its Vega-Lite spec (`<name>.html`, `<name>.vl.json`), and each table as its

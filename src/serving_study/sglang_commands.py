@@ -13,6 +13,9 @@ never reaches the Hugging Face Hub (``HF_HUB_OFFLINE=1``).
 
 from pathlib import PurePosixPath
 
+from serving_study.container_runtime import container_name, run_command
+from serving_study.images import image_tag
+
 SERVER_MODULE = "sglang.launch_server"
 CONTAINER_MODELS_DIRECTORY = PurePosixPath("/models")
 
@@ -44,6 +47,20 @@ def model_directory_name(model: str) -> str:
 def container_model_path(model: str) -> str:
     """Where the model snapshot is mounted inside the server's container."""
     return str(CONTAINER_MODELS_DIRECTORY / model_directory_name(model))
+
+
+def model_mount(model: str, model_host_path: str) -> tuple[str, str, str]:
+    """(host directory to mount, where it is mounted, the model path inside).
+
+    A snapshot in a Hugging Face cache (``.../models--X/snapshots/<commit>``) holds
+    links into the cache's ``blobs/``, so the whole model folder is mounted.
+    """
+    mounted_at = container_model_path(model)
+    host_path = PurePosixPath(model_host_path)
+    if host_path.parent.name == "snapshots":
+        inside = f"{mounted_at}/snapshots/{host_path.name}"
+        return str(host_path.parent.parent), mounted_at, inside
+    return str(host_path), mounted_at, mounted_at
 
 
 def served_model_name(sglang_settings: dict) -> str:
@@ -122,44 +139,6 @@ def _refuse_flags_from_config(arguments: list[str], where: str) -> None:
             )
 
 
-def variant_image(variant: str) -> str:
-    """The local image that holds one variant's SGLang."""
-    return f"localhost/serving-study-sglang:{variant}"
-
-
-def container_run_argv(
-    *,
-    runtime: str,
-    image: str,
-    name: str,
-    server_argv: list[str],
-    environment: dict[str, str],
-    model_host_path: str,
-    model_container_path: str,
-    cpu_quota: float | str,
-) -> list[str]:
-    """``docker run`` (or ``podman run``) of ``server_argv`` in ``image``.
-
-    All GPUs, the host's network (the server binds 127.0.0.1 and the client runs
-    outside) and the host's IPC namespace: Docker's default 64 MiB /dev/shm is too
-    small for the transport's segments and SGLang would silently fall back to
-    pickling the tensors. The quota is the cgroup's CFS quota over a 100 ms period,
-    as in the study (``cpu.max = 1360000 100000``); ``"none"`` sets none.
-    """
-    argv = [runtime, "run", "--rm", "--name", name, "--gpus", "all"]
-    argv += ["--ipc=host", "--network=host"]
-    if cpu_quota != "none":
-        period_us = 100_000
-        argv += [
-            f"--cpu-period={period_us}",
-            f"--cpu-quota={round(float(cpu_quota) * period_us)}",
-        ]
-    for variable, value in sorted(environment.items()):
-        argv += ["--env", f"{variable}={value}"]
-    argv += ["--volume", f"{model_host_path}:{model_container_path}:ro", image]
-    return argv + server_argv
-
-
 def arm_launch_commands(
     *,
     experiment: str,
@@ -167,26 +146,38 @@ def arm_launch_commands(
     sglang_settings: dict,
     runtime: str,
     model_host_path: str,
+    quota_during_startup: bool,
 ) -> dict:
     """Everything that starts one arm's server: its argv, the container argv that
-    runs it (None for ``runtime: local``), its environment and the model mount."""
+    runs it (None for ``runtime: local``), its environment and the model mount.
+
+    The container has all GPUs, the host's network and IPC namespace, the model
+    mounted read-only, and the arm's CPU quota from the start when
+    ``quota_during_startup`` (else the runner adds it once the server is healthy).
+    """
     model = sglang_settings["model"]
     in_container = runtime != "local"
-    model_path = container_model_path(model) if in_container else model_host_path
+    mount_source, mounted_at, model_path = model_mount(model, model_host_path)
+    if not in_container:
+        model_path = model_host_path
     port = sglang_settings["port"]
     server_argv = sglang_server_argv(arm, sglang_settings, model_path, port)
     environment = sglang_server_environment(arm, sglang_settings)
+    quota_cores = None if arm["cpu_quota"] == "none" else float(arm["cpu_quota"])
     container_argv = None
     if in_container:
-        container_argv = container_run_argv(
+        container_argv = run_command(
             runtime=runtime,
-            image=variant_image(arm["variant"]),
-            name=f"serving-study-{experiment}-{arm['name']}",
-            server_argv=server_argv,
+            image=image_tag("sglang", arm["variant"]),
+            command=server_argv,
+            name=container_name(f"{experiment}-{arm['name']}"),
+            label=f"{experiment}-{arm['name']}",
             environment=environment,
-            model_host_path=model_host_path,
-            model_container_path=model_path,
-            cpu_quota=arm["cpu_quota"],
+            quota_cores=quota_cores if quota_during_startup else None,
+            shm_size=None,
+            ipc_host=True,
+            gpus="all",
+            read_only_mounts=[(mount_source, mounted_at)],
         )
     return {
         "experiment": experiment,
@@ -194,6 +185,8 @@ def arm_launch_commands(
         "variant": arm["variant"],
         "transport": arm["transport"],
         "port": port,
+        "quota_cores": quota_cores,
+        "quota_from": "start" if quota_during_startup else "healthy",
         "server_argv": server_argv,
         "container_argv": container_argv,
         "environment": environment,
@@ -201,6 +194,7 @@ def arm_launch_commands(
             "name": model,
             "revision": sglang_settings.get("model_revision"),
             "host_path": model_host_path,
+            "mount": f"{mount_source}:{mounted_at}:ro" if in_container else None,
             "server_path": model_path,
         },
     }

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from serving_study.engine.request_path import TRANSPORTS
-from serving_study.engine.scheduler import TimingModel
+from serving_study.engine.scheduler import TimingModel, exit_without_teardown
 from serving_study.engine.server import EngineConfig, run_engine
 
 
@@ -82,4 +82,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # After a clean stop the scheduler is gone and every segment released: skip the
+    # interpreter's slow teardown of torch. An exception still ends the usual way.
+    exit_without_teardown(main())

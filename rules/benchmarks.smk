@@ -1,0 +1,78 @@
+# Benchmarks of the harness itself, never part of `all`: the client's highest request
+# rate and TTFT overhead against a server that does no work, a lagging client making
+# a run invalid, the monitors' CPU, one real arm's wall time beyond its measured
+# window, each variant's shared-memory copy beside memcpy, and the default study's
+# wall time. `snakemake --cores 1 harness_benchmarks` measures once (a few minutes,
+# the whole host) and prints the figures; `--forcerun measure_harness` measures again.
+
+# The arm and workload the benchmarks use: the config's first arm (in the default
+# config, arm A on the 512 px workload).
+BENCHMARK_ARM = config["arms"][0]
+# The study's highest throughput (STUDY.md, P4: cuda_ipc at concurrency 16): the
+# rate the client must exceed many times over.
+STUDY_PEAK_RPS = 25.7
+
+
+def study_job_outputs():
+    """One output of every job of the default study (`all`), for its wall time."""
+    return [
+        *(f"resources/sources/{source}/identity.json" for source in SOURCES),
+        *variant_identity_files(),
+        *(f"results/workloads/{workload}/manifest.json" for workload in WORKLOADS),
+        f"results/{EXPERIMENT}/host.json",
+        *run_metrics_files(),
+        *final_outputs(),
+    ]
+
+
+rule measure_harness:
+    input:
+        workload=f"results/workloads/{BENCHMARK_ARM['workload']}/manifest.json",
+        arm_variant=f"results/variants/{BENCHMARK_ARM['variant']}.json",
+        variants=variant_identity_files(),
+    output:
+        figures="results/benchmarks/harness.json",
+        details=directory("results/benchmarks/harness"),
+    log:
+        "results/logs/benchmarks/measure_harness.log",
+    conda:
+        "../envs/workflow.yaml"
+    threads: WHOLE_HOST
+    params:
+        settings={
+            "study_peak_rps": STUDY_PEAK_RPS,
+            "client_concurrencies": [16, 64, 128],
+            "client_measured_requests": 4000,
+            "ttft_requests_per_round": 50,
+            "ttft_rounds": 8,
+            "dispatch_block_s": 0.3,
+            "monitor_window_s": 60,
+            "monitor_tree_threads": 128,
+            "shm_columns": 1536,
+            # Rows of Qwen3-VL's pixel values for one image (16 px patches, 2 frames).
+            "shm_rows_per_image_size": {"512": 1024, "1024": 4096, "2048": 16384},
+            "shm_repeats": 15,
+            "arm": BENCHMARK_ARM,
+            "engine": engine_settings(),
+            "client": config["client"],
+            "monitors": config["monitors"],
+            "snakemake_metadata": ".snakemake/metadata",
+            "study_outputs": study_job_outputs(),
+            "study_run_directories": [
+                run_directory(arm, run) for arm, run in arm_runs()
+            ],
+        },
+    script:
+        "../scripts/harness_benchmarks.py"
+
+
+rule harness_benchmarks:
+    input:
+        rules.measure_harness.output.figures,
+    log:
+        "results/logs/benchmarks/harness_benchmarks.log",
+    localrule: True
+    conda:
+        "../envs/workflow.yaml"
+    shell:
+        "cat {input} 2> {log}"

@@ -1,0 +1,35 @@
+"""Snakemake shim: build one variant's container image, write its id and record."""
+
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from serving_study.images import build_variant_image
+
+sys.stderr = open(snakemake.log.messages, "w")
+logging.basicConfig(stream=sys.stderr, level=logging.INFO)
+
+
+def package_directory(package_files):
+    """The package's directory: the common parent of its source files (if any)."""
+    files = [str(path) for path in package_files]
+    return Path(os.path.commonpath(files)) if files else None
+
+
+record = build_variant_image(
+    runtime=snakemake.params.runtime,
+    engine=snakemake.params.engine,
+    variant=json.loads(Path(snakemake.input.variant).read_text()),
+    settings=dict(snakemake.params.settings),
+    dockerfile=Path(snakemake.input.dockerfile),
+    verify_script=Path(snakemake.input.check),
+    image_id_file=Path(snakemake.output.image_id),
+    inspect_file=Path(snakemake.output.inspect),
+    log_path=Path(snakemake.log.build),
+    # The embedded engine's image holds our package and the wheelhouse.
+    package_directory=package_directory(snakemake.input.package),
+    wheelhouse=Path(snakemake.input.wheelhouse) if snakemake.input.wheelhouse else None,
+)
+logging.info("built %s (%.0f MiB)", record["Id"], record["Size"] / 2**20)

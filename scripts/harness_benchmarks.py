@@ -1,0 +1,25 @@
+"""Snakemake shim: measure the harness itself and write its figures as JSON."""
+
+import json
+import logging
+import sys
+from pathlib import Path
+
+from serving_study.harness_benchmarks import run_benchmarks
+
+sys.stderr = open(snakemake.log[0], "w")
+logging.basicConfig(
+    stream=sys.stderr,
+    level=logging.INFO,
+    format="%(asctime)s %(levelname)s %(message)s",
+)
+
+identities = [json.loads(Path(path).read_text()) for path in snakemake.input.variants]
+settings = dict(snakemake.params.settings)
+settings["workload_manifest"] = snakemake.input.workload
+settings["arm_variant"] = json.loads(Path(snakemake.input.arm_variant).read_text())
+settings["variant_roots"] = {
+    identity["name"]: identity["sglang_python_root"] for identity in identities
+}
+figures = run_benchmarks(settings, Path(snakemake.output.details))
+Path(snakemake.output.figures).write_text(json.dumps(figures, indent=2) + "\n")

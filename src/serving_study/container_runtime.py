@@ -1,0 +1,487 @@
+"""Starting a server in a container (docker or podman) with the arm's CPU quota.
+
+``ContainerServer`` has the interface of ``local_runtime.LocalServer``, so the arm
+runner treats both alike. The container runs detached, on the host's network (the
+server binds 127.0.0.1 on a free port and the client stays outside), with the
+arm's quota as ``--cpus``, the arm's environment and nothing else of the host's,
+a ``/dev/shm`` sized for the workload's largest tensor (Docker's default 64 MiB
+would silently push SGLang off the shared-memory path under study) or the host's
+IPC namespace, GPUs when asked, and read-only mounts (the model). The monitors
+stay on the host: the container's processes are host processes, found from its
+init pid, and its cgroup is read where the runtime made it.
+
+Teardown is one ``stop()`` that leaves nothing behind: the container is stopped
+(SIGTERM, SIGKILL after a grace period), the shared-memory segments its
+processes left are listed and removed, and the container is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import psutil
+
+from serving_study.cgroups import CpuGroup, group_of_pid
+from serving_study.host import feature_bytes
+
+log = logging.getLogger(__name__)
+
+RUNTIMES = ("docker", "podman")
+RUN_LABEL = "serving-study.run"
+# SGLang 0.5.23 names segments sgl_shm_<kind>_<creator pid>_<8 hex>.
+SGLANG_SEGMENT_PREFIX = "sgl_shm_"
+HOST_SHARED_MEMORY = Path("/dev/shm")
+MIB = 1 << 20
+# Room in /dev/shm besides the image tensors (torch and SGLang keep a little there).
+SHARED_MEMORY_HEADROOM = 256 * MIB
+SHARED_MEMORY_MINIMUM = 1024 * MIB
+COMMAND_TIMEOUT_S = 300
+# Reads the quota as the processes inside see it (cgroup v2, else v1).
+QUOTA_INSIDE_SCRIPT = (
+    "cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo "
+    "$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) "
+    "$(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)"
+)
+
+
+class ContainerCommandFailed(RuntimeError):
+    """A docker/podman command the runner relies on failed; the message says which."""
+
+
+# --- Sizes and command lines (pure) --------------------------------------------------
+
+
+def largest_tensor_bytes(workload_manifest: Path) -> int:
+    """The largest image tensor of a workload (its manifest lists each image)."""
+    manifest = json.loads(Path(workload_manifest).read_text())
+    return max(feature_bytes(image) for image in manifest["images"])
+
+
+def shared_memory_bytes(largest_tensor: int, concurrency: int) -> int:
+    """A /dev/shm size that never runs out under the arm's load, in whole MiB.
+
+    Each request in flight holds one segment until the scheduler has read it, and a
+    read segment stays charged to /dev/shm while the scheduler maps it: two per
+    request at most, plus headroom. tmpfs takes memory only when used, so the
+    generous size costs nothing.
+    """
+    needed = 2 * concurrency * largest_tensor + SHARED_MEMORY_HEADROOM
+    return max(SHARED_MEMORY_MINIMUM, math.ceil(needed / MIB) * MIB)
+
+
+def container_options(
+    settings: dict, engine: str, concurrency: int, workload_manifest: Path
+) -> dict:
+    """``shm_size``, ``ipc_host`` and ``gpus`` of one arm's container, from the
+    config's ``container`` section (see config.schema.yaml)."""
+    shm_size = settings.get("shm_size")
+    if not shm_size and not settings["ipc_host"]:
+        size = shared_memory_bytes(largest_tensor_bytes(workload_manifest), concurrency)
+        shm_size = f"{size // MIB}m"
+    gpus = settings["gpus"]
+    if gpus == "auto":
+        gpus = "all" if engine == "sglang" else "none"
+    return {"shm_size": shm_size, "ipc_host": settings["ipc_host"], "gpus": gpus}
+
+
+def read_image_id(image_id_file: str | Path) -> str:
+    """The image id a build wrote with --iidfile (``sha256:...``)."""
+    image_id = Path(image_id_file).read_text().strip()
+    if not image_id:
+        raise ContainerCommandFailed(f"{image_id_file} is empty; build the image again")
+    return image_id
+
+
+def gpu_options(runtime: str, gpus: str | None) -> list[str]:
+    """``--gpus`` for docker; podman names NVIDIA GPUs as CDI devices instead."""
+    if not gpus or gpus == "none":
+        return []
+    if runtime == "docker":
+        return ["--gpus", gpus]
+    devices = ["all"] if gpus == "all" else gpus.removeprefix("device=").split(",")
+    return [
+        option
+        for device in devices
+        for option in ("--device", f"nvidia.com/gpu={device}")
+    ]
+
+
+def container_name(group_name: str) -> str:
+    """A container name from the run's group name, in the characters names allow."""
+    return "serving-study-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", group_name)
+
+
+def run_command(
+    *,
+    runtime: str,
+    image: str,
+    command: list[str],
+    name: str,
+    label: str,
+    environment: dict[str, str],
+    quota_cores: float | None,
+    shm_size: str | None,
+    ipc_host: bool = False,
+    gpus: str | None = None,
+    read_only_mounts: list[tuple[str, str]] = (),
+) -> list[str]:
+    """``docker run --detach`` (or ``podman run``) of ``command`` in ``image``.
+
+    ``quota_cores`` None starts the container without a quota (``apply_quota`` adds
+    it later); ``shm_size`` is the size of a private /dev/shm (e.g. ``"2048m"``),
+    unused when ``ipc_host`` shares the host's.
+    """
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime {runtime!r} is not one of {RUNTIMES}")
+    argv = [
+        runtime,
+        "run",
+        "--detach",
+        "--name",
+        name,
+        "--label",
+        f"{RUN_LABEL}={label}",
+    ]
+    log_driver = "json-file" if runtime == "docker" else "k8s-file"
+    argv += ["--network=host", f"--log-driver={log_driver}"]
+    if quota_cores is not None:
+        argv += ["--cpus", f"{quota_cores:g}"]
+    if ipc_host:
+        argv.append("--ipc=host")
+    elif shm_size:
+        argv += ["--shm-size", shm_size]
+    argv += gpu_options(runtime, gpus)
+    for host_path, container_path in read_only_mounts:
+        argv += ["--volume", f"{host_path}:{container_path}:ro"]
+    for variable, value in sorted(environment.items()):
+        argv += ["--env", f"{variable}={value}"]
+    return argv + [image, *command]
+
+
+def parse_quota(text: str) -> dict:
+    """``cpu.max`` text (``"max 100000"``, ``"50000 100000"``; v1 ``"-1 100000"``)."""
+    quota_text, period_text = text.split()
+    period_us = int(period_text)
+    quota_us = None if quota_text in ("max", "-1") else int(quota_text)
+    return {
+        "quota_us": quota_us,
+        "period_us": period_us,
+        "cores": None if quota_us is None else quota_us / period_us,
+    }
+
+
+def namespace_pid(pid: int) -> int | None:
+    """The pid a host process has inside its own pid namespace (NSpid's last field)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def segment_creator(name: str) -> int | None:
+    parts = name.split("_")
+    if len(parts) >= 5 and parts[-2].isdigit():
+        return int(parts[-2])
+    return None
+
+
+# --- The server ------------------------------------------------------------------
+
+
+class _ContainerProcess:
+    """What ``client.wait_until_healthy`` asks of a server process: ``poll()``."""
+
+    def __init__(self, server: ContainerServer):
+        self._server = server
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        self.returncode = self._server.exit_code()
+        return self.returncode
+
+
+class ContainerServer:
+    """One server in a fresh container with the arm's quota (see module docstring).
+
+    ``argv`` is the server's command inside the image; ``run_argv`` the runtime
+    command that starts it.
+    """
+
+    def __init__(
+        self,
+        argv: list[str],
+        environment: dict[str, str],
+        quota_cores: float | None,
+        group_name: str,
+        log_path: Path,
+        quota_during_startup: bool = True,
+        *,
+        image: str,
+        runtime: str = "docker",
+        shm_size: str | None = None,
+        ipc_host: bool = False,
+        gpus: str | None = None,
+        read_only_mounts: list[tuple[str, str]] = (),
+    ):
+        self.argv = argv
+        self.environment = dict(environment)
+        self.quota_cores = quota_cores
+        self.group_name = group_name
+        self.log_path = Path(log_path)
+        self.quota_during_startup = quota_during_startup
+        self.runtime = runtime
+        self.image = image
+        self.name = container_name(group_name)
+        self.ipc_host = ipc_host
+        self.run_argv = run_command(
+            runtime=runtime,
+            image=image,
+            command=argv,
+            name=self.name,
+            label=group_name,
+            environment=self.environment,
+            quota_cores=quota_cores if quota_during_startup else None,
+            shm_size=shm_size,
+            ipc_host=ipc_host,
+            gpus=gpus,
+            read_only_mounts=list(read_only_mounts),
+        )
+        self.container_id: str | None = None
+        self.group: CpuGroup | None = None
+        self.process = _ContainerProcess(self)
+        self.known_pids: set[int] = set()
+        self.namespace_pids: set[int] = set()
+        self.leaked_segments: list[str] = []
+        self._init_pid: int | None = None
+        self._exit_code: int | None = None
+        self._log_follower: subprocess.Popen | None = None
+
+    # -- runtime commands
+
+    def _runtime(self, *arguments: str, timeout: float = COMMAND_TIMEOUT_S):
+        return subprocess.run(
+            [self.runtime, *arguments],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def _state(self) -> dict | None:
+        """The container's ``State`` record, None once it is gone."""
+        finished = self._runtime(
+            "inspect", "--format", "{{json .State}}", self.container_id
+        )
+        if finished.returncode != 0:
+            return None
+        return json.loads(finished.stdout)
+
+    # -- the interface of LocalServer
+
+    def start(self) -> None:
+        """Start the container; a refused start shows as an exit code and in the log."""
+        finished = self._runtime(*self.run_argv[1:])
+        if finished.returncode != 0:
+            self._exit_code = finished.returncode or 1
+            with open(self.log_path, "a") as server_log:
+                server_log.write(
+                    f"`{self.runtime} run` failed with code {finished.returncode}: "
+                    f"{finished.stderr.strip()}\n"
+                )
+            log.error("%s run failed: %s", self.runtime, finished.stderr.strip())
+            return
+        self.container_id = finished.stdout.strip().splitlines()[-1]
+        with open(self.log_path, "ab") as server_log:
+            # Follows the logs until the container stops, so it also tells (cheaply)
+            # whether the container still runs.
+            self._log_follower = subprocess.Popen(
+                [self.runtime, "logs", "--follow", self.container_id],
+                stdin=subprocess.DEVNULL,
+                stdout=server_log,
+                stderr=subprocess.STDOUT,
+            )
+        state = self._state() or {}
+        if state.get("Pid"):
+            self._init_pid = state["Pid"]
+            self.known_pids.add(self._init_pid)
+            self.group = group_of_pid(self._init_pid)
+        log.info(
+            "container %s (%s) started, init pid %s, quota %s cores%s",
+            self.name,
+            self.container_id[:12],
+            self._init_pid,
+            "none" if self.quota_cores is None else f"{self.quota_cores:g}",
+            "" if self.quota_during_startup else " once healthy",
+        )
+
+    @property
+    def pid(self) -> int | None:
+        """The container's init process on the host (the server's main process)."""
+        return self._init_pid
+
+    def apply_quota(self) -> None:
+        """Put the arm's quota in force on the running container (``update``)."""
+        if self.quota_cores is None:
+            return
+        finished = self._runtime(
+            "update", "--cpus", f"{self.quota_cores:g}", self.container_id
+        )
+        if finished.returncode != 0:
+            raise ContainerCommandFailed(
+                f"`{self.runtime} update --cpus {self.quota_cores:g}` failed: "
+                f"{finished.stderr.strip()}; set client.quota_during_startup: true "
+                "to give the quota at start instead"
+            )
+        log.info("quota of %g cores in force", self.quota_cores)
+
+    def quota_seen_inside(self) -> dict | None:
+        """The CPU quota as a process inside the container reads it, or None."""
+        if self.container_id is None:
+            return None
+        finished = self._runtime(
+            "exec", self.container_id, "sh", "-c", QUOTA_INSIDE_SCRIPT
+        )
+        if finished.returncode != 0:
+            log.warning("could not read the quota inside: %s", finished.stderr.strip())
+            return None
+        return parse_quota(finished.stdout)
+
+    def remember_tree(self) -> None:
+        """Note every pid of the container (host and namespace pids), for the sweep."""
+        if self._init_pid is None:
+            return
+        try:
+            root = psutil.Process(self._init_pid)
+            self.known_pids.update(child.pid for child in root.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+        if self.group is not None:
+            self.known_pids.update(self.group.pids())
+        for pid in self.known_pids:
+            inner = namespace_pid(pid)
+            if inner is not None:
+                self.namespace_pids.add(inner)
+
+    def exit_code(self) -> int | None:
+        """None while the container runs; its exit code once it stopped."""
+        if self._exit_code is not None or self.container_id is None:
+            return self._exit_code
+        if self._log_follower is not None and self._log_follower.poll() is None:
+            return None
+        state = self._state()
+        if state is None or state.get("Running"):
+            return None
+        self._exit_code = state.get("ExitCode")
+        return self._exit_code
+
+    def log_tail(self, lines: int = 30) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop and remove the container; list and remove the segments it left."""
+        try:
+            if self.container_id is not None:
+                self.remember_tree()
+                shared_memory = self._open_shared_memory()
+                try:
+                    self._stop_container(grace_s)
+                    if shared_memory is not None:
+                        self._sweep_segments(shared_memory)
+                finally:
+                    if shared_memory is not None:
+                        os.close(shared_memory)
+        finally:
+            try:
+                self._remove_container()
+            finally:
+                self._stop_log_follower()
+
+    # -- teardown steps
+
+    def _open_shared_memory(self) -> int | None:
+        """A descriptor of the container's /dev/shm, kept open across its stop.
+
+        A private /dev/shm is reached through the init process while it lives; the
+        open directory stays readable after every process has gone. With the host's
+        IPC namespace the container's /dev/shm is the host's.
+        """
+        if self.ipc_host:
+            return os.open(HOST_SHARED_MEMORY, os.O_RDONLY | os.O_DIRECTORY)
+        if self._init_pid is None:
+            return None
+        try:
+            return os.open(
+                f"/proc/{self._init_pid}/root/dev/shm", os.O_RDONLY | os.O_DIRECTORY
+            )
+        except OSError as error:
+            log.warning("cannot open the container's /dev/shm: %s", error)
+            return None
+
+    def _stop_container(self, grace_s: float) -> None:
+        seconds = str(max(1, math.ceil(grace_s)))
+        finished = self._runtime(
+            "stop", "--time", seconds, self.container_id, timeout=grace_s + 60
+        )
+        if finished.returncode != 0:
+            log.warning("%s stop failed: %s", self.runtime, finished.stderr.strip())
+        self.exit_code()
+
+    def _sweep_segments(self, shared_memory: int) -> None:
+        """Remove SGLang segments the container's processes left (names recorded).
+
+        In a private /dev/shm every segment is the container's; in the host's, only
+        those whose creator pid (a namespace pid) was one of the container's.
+        """
+        for name in sorted(os.listdir(shared_memory)):
+            if not name.startswith(SGLANG_SEGMENT_PREFIX):
+                continue
+            if self.ipc_host and segment_creator(name) not in self.namespace_pids:
+                continue
+            self.leaked_segments.append(name)
+            try:
+                os.unlink(name, dir_fd=shared_memory)
+            except FileNotFoundError:
+                pass
+        if self.leaked_segments:
+            log.warning(
+                "removed %d shared-memory segments the server left behind",
+                len(self.leaked_segments),
+            )
+
+    def _remove_container(self) -> None:
+        if self.container_id is None:
+            return
+        finished = self._runtime("rm", "--force", "--volumes", self.container_id)
+        if finished.returncode != 0 and "no such container" not in (
+            finished.stderr.lower()
+        ):
+            log.warning("%s rm failed: %s", self.runtime, finished.stderr.strip())
+
+    def _stop_log_follower(self) -> None:
+        if self._log_follower is None:
+            return
+        try:
+            self._log_follower.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._log_follower.kill()
+            self._log_follower.wait()
+
+    def __enter__(self) -> ContainerServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,293 @@
+"""Container images of the variants: the build context, the build command, the record.
+
+Each variant becomes one image, built with ``docker build`` or ``podman build``
+from a context assembled here (hard links, so a 4,700-file SGLang tree costs
+nothing to lay out):
+
+* engine ``embedded`` (``envs/Dockerfile.embedded``): a local Debian base with
+  Python 3, the wheelhouse (installed offline), the ``serving_study`` package and
+  the variant's ``python/`` tree at ``/opt/variant/python``;
+* engine ``sglang`` (``envs/Dockerfile.sglang``): the official SGLang image pinned
+  by digest, with the variant's ``python/sglang`` copied over its editable install.
+
+Both Dockerfiles end with ``envs/verify_mm_utils.py``, which fails the build unless
+the image runs the variant's ``mm_utils.py`` (its sha256 is a build argument). The
+image id comes from ``--iidfile``; the ``inspect`` JSON of the image is kept next to
+it. Commands are argument lists; nothing from config reaches a shell.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+ENGINES = ("embedded", "sglang")
+# Inside the embedded image: the variant's tree and the interpreter of the venv.
+EMBEDDED_VARIANT_ROOT = "/opt/variant/python"
+EMBEDDED_PYTHON = "/opt/venv/bin/python"
+PINNED_BY_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+LABEL_PREFIX = "serving-study"
+BUILD_TIMEOUT_S = 3600
+
+
+class ImageBuildFailed(RuntimeError):
+    """An image could not be built; the message names the step and the fix."""
+
+
+def image_tag(engine: str, variant_name: str) -> str:
+    """``localhost/serving-study-<engine>:<variant>`` in the characters tags allow."""
+    tag = re.sub(r"[^a-z0-9_.-]+", "-", variant_name.lower()).strip(".-") or "variant"
+    return f"localhost/serving-study-{engine}:{tag[:128]}"
+
+
+def image_labels(engine: str, variant: dict) -> dict[str, str]:
+    """What the image holds, readable with ``docker inspect`` long after the build."""
+    source = variant["source"]
+    patch = variant.get("patch") or {}
+    pull_request = variant.get("pull_request") or {}
+    labels = {
+        "engine": engine,
+        "variant": variant["name"],
+        "mm-utils-sha256": variant["mm_utils_sha256"],
+        "source": source["name"],
+        "source-pin": source.get("commit") or source.get("sha256") or "",
+        "patch-sha256": patch.get("sha256", ""),
+        "pull-request": str(pull_request.get("number", "")),
+    }
+    return {f"{LABEL_PREFIX}.{key}": value for key, value in labels.items()}
+
+
+def build_arguments(engine: str, variant: dict, settings: dict) -> dict[str, str]:
+    """The Dockerfile's build arguments for one variant.
+
+    ``settings``: for ``embedded`` the config's ``container`` section
+    (``embedded_base_image``, ``embedded_python_version``); for ``sglang`` the
+    config's ``sglang`` section, whose ``base_image`` must be pinned by digest.
+    """
+    arguments = {"MM_UTILS_SHA256": variant["mm_utils_sha256"]}
+    if engine == "embedded":
+        arguments["BASE"] = settings["embedded_base_image"]
+        arguments["PYTHON_VERSION"] = settings["embedded_python_version"]
+    elif engine == "sglang":
+        base_image = settings.get("base_image")
+        if not base_image or not PINNED_BY_DIGEST.search(base_image):
+            raise ImageBuildFailed(
+                f"sglang.base_image is {base_image!r}; the SGLang image must be "
+                "pinned by digest, e.g. lmsysorg/sglang:v0.5.23@sha256:<64 hex> "
+                "(`docker pull lmsysorg/sglang:v0.5.23` then `docker image inspect "
+                "--format '{{index .RepoDigests 0}}' lmsysorg/sglang:v0.5.23`)"
+            )
+        arguments["BASE_IMAGE"] = base_image
+    else:
+        raise ValueError(f"no image for engine {engine!r}")
+    return arguments
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:
+        shutil.copy2(source, target)
+
+
+def _copy_tree(source: Path, target: Path) -> None:
+    shutil.copytree(
+        source,
+        target,
+        copy_function=_link_or_copy,
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
+    )
+
+
+def assemble_context(
+    engine: str,
+    variant: dict,
+    context: Path,
+    *,
+    dockerfile: Path,
+    verify_script: Path,
+    package_directory: Path | None = None,
+    wheelhouse: Path | None = None,
+) -> Path:
+    """Lay out the build context of one variant's image in ``context`` (created).
+
+    ``variant`` is the variant's identity (results/variants/<name>.json), whose
+    ``sglang_python_root`` is the variant's ``python/`` tree. The embedded engine's
+    image also takes ``package_directory`` (src/serving_study) and ``wheelhouse``
+    (its manifest stays out: its timestamp would defeat the build cache).
+    """
+    if engine not in ENGINES:
+        raise ValueError(f"no image for engine {engine!r}")
+    variant_python = Path(variant["sglang_python_root"])
+    if not (variant_python / "sglang").is_dir():
+        raise ImageBuildFailed(
+            f"variant {variant['name']!r} has no tree at {variant_python}/sglang: "
+            "run its prepare_variant job again"
+        )
+    context = Path(context)
+    context.mkdir(parents=True)
+    shutil.copyfile(dockerfile, context / "Dockerfile")
+    shutil.copyfile(verify_script, context / Path(verify_script).name)
+    if engine == "sglang":
+        _copy_tree(variant_python / "sglang", context / "variant/python/sglang")
+        return context
+    if wheelhouse is None or not (Path(wheelhouse) / "requirements.txt").is_file():
+        raise ImageBuildFailed(
+            f"the embedded image needs a wheelhouse with requirements.txt; "
+            f"{wheelhouse} has none (rule wheelhouse makes it)"
+        )
+    (context / "wheelhouse").mkdir()
+    for path in Path(wheelhouse).iterdir():
+        if path.suffix in (".whl", ".txt"):
+            _link_or_copy(path, context / "wheelhouse" / path.name)
+    if package_directory is None:
+        raise ValueError("the embedded image needs package_directory")
+    _copy_tree(package_directory, context / "serving-study/src/serving_study")
+    _copy_tree(variant_python, context / "variant/python")
+    return context
+
+
+def build_command(
+    runtime: str,
+    context: Path,
+    *,
+    tag: str,
+    arguments: dict[str, str],
+    labels: dict[str, str],
+    image_id_file: Path,
+    network_host: bool = True,
+) -> list[str]:
+    """``docker build`` / ``podman build`` of ``context`` writing the image id.
+
+    ``network_host``: a RUN that fetches (apt-get, when the base lacks Python)
+    needs the host's network, since the engine may run without a bridge.
+    """
+    command = [runtime, "build", "--file", str(Path(context) / "Dockerfile")]
+    command += ["--tag", tag, "--iidfile", str(image_id_file)]
+    if network_host:
+        command.append("--network=host")
+    for name, value in sorted(arguments.items()):
+        command += ["--build-arg", f"{name}={value}"]
+    for name, value in sorted(labels.items()):
+        command += ["--label", f"{name}={value}"]
+    return command + [str(context)]
+
+
+def engine_answers(runtime: str) -> str | None:
+    """None when the runtime's engine answers, else why not (one line)."""
+    if shutil.which(runtime) is None:
+        return f"{runtime} is not installed"
+    try:
+        finished = subprocess.run(
+            [runtime, "info", "--format", "{{.ServerVersion}}"]
+            if runtime == "docker"
+            else [runtime, "info", "--format", "{{.Version.Version}}"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired:
+        return f"`{runtime} info` did not answer within 60 s"
+    if finished.returncode != 0:
+        lines = (finished.stderr or finished.stdout).strip().splitlines()
+        return f"`{runtime} info` failed: {lines[-1] if lines else 'no message'}"
+    return None
+
+
+def inspect_image(runtime: str, image_id: str) -> dict:
+    """The runtime's ``image inspect`` record of one image."""
+    finished = subprocess.run(
+        [runtime, "image", "inspect", image_id],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    if finished.returncode != 0:
+        raise ImageBuildFailed(
+            f"`{runtime} image inspect {image_id}` failed: {finished.stderr.strip()}"
+        )
+    return json.loads(finished.stdout)[0]
+
+
+def run_build(command: list[str], log_path: Path) -> None:
+    """Run the build with its output in ``log_path``; raise with the log's tail."""
+    with open(log_path, "a") as log:
+        log.write("$ " + " ".join(command) + "\n")
+        log.flush()
+        finished = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            timeout=BUILD_TIMEOUT_S,
+        )
+    if finished.returncode != 0:
+        tail = "\n".join(Path(log_path).read_text(errors="replace").splitlines()[-25:])
+        raise ImageBuildFailed(
+            f"`{command[0]} build` exited with code {finished.returncode}; the "
+            f"build log ({log_path}) ends with:\n{tail}"
+        )
+
+
+def build_variant_image(
+    *,
+    runtime: str,
+    engine: str,
+    variant: dict,
+    settings: dict,
+    dockerfile: Path,
+    verify_script: Path,
+    image_id_file: Path,
+    inspect_file: Path,
+    log_path: Path,
+    package_directory: Path | None = None,
+    wheelhouse: Path | None = None,
+) -> dict:
+    """Build one variant's image; write its id and inspect record; return the record.
+
+    The context is assembled beside ``image_id_file`` and removed afterwards.
+    """
+    problem = engine_answers(runtime)
+    if problem:
+        raise ImageBuildFailed(
+            f"cannot build images with {runtime}: {problem}. Start the engine (for "
+            "Docker on a host without systemd: `.ci/container-engine.sh start`) or "
+            "set runtime: local"
+        )
+    arguments = build_arguments(engine, variant, settings)
+    image_id_file = Path(image_id_file)
+    image_id_file.parent.mkdir(parents=True, exist_ok=True)
+    image_id_file.unlink(missing_ok=True)
+    scratch = Path(
+        tempfile.mkdtemp(dir=image_id_file.parent, prefix=f".{variant['name']}.")
+    )
+    try:
+        context = assemble_context(
+            engine,
+            variant,
+            scratch / "context",
+            dockerfile=dockerfile,
+            verify_script=verify_script,
+            package_directory=package_directory,
+            wheelhouse=wheelhouse,
+        )
+        command = build_command(
+            runtime,
+            context,
+            tag=image_tag(engine, variant["name"]),
+            arguments=arguments,
+            labels=image_labels(engine, variant),
+            image_id_file=image_id_file,
+        )
+        run_build(command, log_path)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    image_id = image_id_file.read_text().strip()
+    record = inspect_image(runtime, image_id)
+    Path(inspect_file).write_text(json.dumps(record, indent=2) + "\n")
+    return record

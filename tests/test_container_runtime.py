@@ -1,0 +1,713 @@
+"""Arms in containers: image contexts and commands, and real Docker runs.
+
+The first half needs no container engine: the ``docker run`` / ``docker build``
+argument lists, the /dev/shm size, the build contexts of both engines' images (from
+the real SGLang 0.5.23 source) and the check of ``mm_utils.py`` that both
+Dockerfiles run. The tests marked ``docker`` build and run real containers; they
+skip, saying why, when no Docker engine answers (``.ci/container-engine.sh start``
+starts one and prints the DOCKER_HOST to export).
+"""
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+import requests
+from PIL import Image
+
+from serving_study.client import ServerNeverHealthy, wait_until_healthy
+from serving_study.container_runtime import (
+    ContainerServer,
+    container_options,
+    gpu_options,
+    largest_tensor_bytes,
+    namespace_pid,
+    parse_quota,
+    run_command,
+    segment_creator,
+    shared_memory_bytes,
+)
+from serving_study.engine.preprocess import preprocess_image
+from serving_study.images import (
+    EMBEDDED_PYTHON,
+    EMBEDDED_VARIANT_ROOT,
+    ImageBuildFailed,
+    assemble_context,
+    build_arguments,
+    build_command,
+    build_variant_image,
+    engine_answers,
+    image_tag,
+    inspect_image,
+    run_build,
+)
+from serving_study.local_runtime import free_port
+from serving_study.sources import file_sha256
+from serving_study.variants import prepare_variant
+from serving_study.wheelhouse import (
+    WheelhouseFailed,
+    manylinux_platforms,
+    refuse_cuda_wheels,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+BASE_IMAGE = "localhost/bookworm-minbase:latest"
+MIB = 1 << 20
+EMBEDDED_SETTINGS = {
+    "embedded_base_image": BASE_IMAGE,
+    "embedded_python_version": "3.11",
+    "embedded_glibc_version": "2.36",
+    "ipc_host": False,
+    "gpus": "auto",
+}
+
+
+def option_value(argv: list[str], option: str) -> str:
+    return argv[argv.index(option) + 1]
+
+
+def option_values(argv: list[str], option: str) -> list[str]:
+    return [argv[i + 1] for i, item in enumerate(argv) if item == option]
+
+
+def write_manifest(directory: Path, sizes: list[tuple[int, int]]) -> Path:
+    images = [{"width": width, "height": height} for width, height in sizes]
+    manifest = directory / "manifest.json"
+    manifest.write_text(json.dumps({"images": images}))
+    return manifest
+
+
+# --- docker run ----------------------------------------------------------------------
+
+
+def test_run_command_carries_quota_shm_environment_and_label():
+    argv = run_command(
+        runtime="docker",
+        image="sha256:abc",
+        command=["python", "-m", "serving_study.engine", "--port", "1234"],
+        name="serving-study-x",
+        label="x",
+        environment={"OMP_NUM_THREADS": "8", "SGLANG_VLM_CACHE_SIZE_MB": "0"},
+        quota_cores=13.6,
+        shm_size="3328m",
+    )
+    assert argv[:3] == ["docker", "run", "--detach"]
+    assert option_value(argv, "--name") == "serving-study-x"
+    assert option_value(argv, "--label") == "serving-study.run=x"
+    assert option_value(argv, "--cpus") == "13.6"
+    assert option_value(argv, "--shm-size") == "3328m"
+    assert "--network=host" in argv and "--ipc=host" not in argv
+    assert option_values(argv, "--env") == [
+        "OMP_NUM_THREADS=8",
+        "SGLANG_VLM_CACHE_SIZE_MB=0",
+    ]
+    image_at = argv.index("sha256:abc")
+    assert argv[image_at + 1 :] == ["python", "-m", "serving_study.engine"] + [
+        "--port",
+        "1234",
+    ]
+
+
+def test_host_ipc_replaces_the_private_shm_and_mounts_are_read_only():
+    argv = run_command(
+        runtime="podman",
+        image="img",
+        command=["true"],
+        name="n",
+        label="n",
+        environment={},
+        quota_cores=None,
+        shm_size="2048m",
+        ipc_host=True,
+        read_only_mounts=[("/data/models/Qwen", "/models/Qwen")],
+    )
+    assert argv[:2] == ["podman", "run"]
+    assert "--ipc=host" in argv and "--shm-size" not in argv
+    assert "--cpus" not in argv
+    assert option_value(argv, "--volume") == "/data/models/Qwen:/models/Qwen:ro"
+
+
+def test_quota_is_given_at_start_only_when_startup_runs_under_it():
+    def container(during_startup: bool) -> ContainerServer:
+        return ContainerServer(
+            ["true"],
+            {},
+            0.5,
+            "exp-A-run1-1-try1",
+            Path("/dev/null"),
+            quota_during_startup=during_startup,
+            image="img",
+            shm_size="1024m",
+        )
+
+    assert option_value(container(True).run_argv, "--cpus") == "0.5"
+    assert "--cpus" not in container(False).run_argv
+    assert container(False).name == "serving-study-exp-A-run1-1-try1"
+
+
+def test_gpus_for_docker_and_as_cdi_devices_for_podman():
+    assert gpu_options("docker", "none") == []
+    assert gpu_options("docker", "device=0,1") == ["--gpus", "device=0,1"]
+    assert gpu_options("podman", "all") == ["--device", "nvidia.com/gpu=all"]
+    assert gpu_options("podman", "device=0,1") == [
+        "--device",
+        "nvidia.com/gpu=0",
+        "--device",
+        "nvidia.com/gpu=1",
+    ]
+
+
+# --- /dev/shm size ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("size", [(512, 512), (700, 300), (2048, 2048)])
+def test_largest_tensor_is_what_the_preprocessor_really_makes(tmp_path, size):
+    manifest = write_manifest(tmp_path, [(256, 256), size])
+    features = preprocess_image(Image.new("RGB", size))
+    assert largest_tensor_bytes(manifest) == features.pixel_values.nbytes
+
+
+def test_shared_memory_holds_two_tensors_per_request_in_flight(tmp_path):
+    assert shared_memory_bytes(100_663_296, 16) == (2 * 16 * 96 + 256) * MIB
+    assert shared_memory_bytes(6 * MIB, 4) == 1024 * MIB  # the 1 GiB floor
+
+
+def test_container_options_from_config(tmp_path):
+    manifest = write_manifest(tmp_path, [(2048, 2048)])
+    computed = container_options(EMBEDDED_SETTINGS, "embedded", 16, manifest)
+    assert computed == {"shm_size": "3328m", "ipc_host": False, "gpus": "none"}
+    fixed = EMBEDDED_SETTINGS | {"shm_size": "16g"}
+    assert container_options(fixed, "sglang", 16, manifest)["shm_size"] == "16g"
+    assert container_options(fixed, "sglang", 16, manifest)["gpus"] == "all"
+    shared = EMBEDDED_SETTINGS | {"ipc_host": True}
+    assert container_options(shared, "embedded", 16, manifest)["shm_size"] is None
+
+
+def test_quota_text_as_read_inside():
+    assert parse_quota("50000 100000\n")["cores"] == 0.5
+    assert parse_quota("max 100000")["cores"] is None
+    assert parse_quota("-1 100000")["quota_us"] is None
+
+
+def test_segment_creators_and_namespace_pids():
+    assert segment_creator("sgl_shm_mm_1_0a1b2c3d") == 1
+    assert segment_creator("torch_123") is None
+    # This test runs in the host's pid namespace (or its own container's).
+    assert namespace_pid(os.getpid()) is not None
+
+
+# --- Images: contexts, commands, the mm_utils check --------------------------------
+
+
+@pytest.fixture(scope="module")
+def variants(sglang_0_5_23, tmp_path_factory) -> dict[str, dict]:
+    """The original and patched variants of the real SGLang 0.5.23 source."""
+    tree, identity = sglang_0_5_23
+    root = tmp_path_factory.mktemp("variants")
+    patch = ROOT / "envs/patches/pr48881-shm-copy-without-thread-fanout.patch"
+    original = {"name": "original", "source": "sglang-0.5.23"}
+    patched = original | {"name": "patched", "patch": str(patch.relative_to(ROOT))}
+    return {
+        "original": prepare_variant(original, tree, identity, None, root / "o"),
+        "patched": prepare_variant(patched, tree, identity, patch, root / "p"),
+    }
+
+
+@pytest.fixture
+def fake_wheelhouse(tmp_path) -> Path:
+    wheelhouse = tmp_path / "wheelhouse"
+    wheelhouse.mkdir()
+    (wheelhouse / "requirements.txt").write_text("numpy==2.4.6\n")
+    (wheelhouse / "constraints.txt").write_text("numpy==2.4.6\n")
+    (wheelhouse / "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl").write_bytes(b"")
+    (wheelhouse / "wheelhouse.json").write_text("{}")
+    return wheelhouse
+
+
+def test_embedded_context_holds_wheels_package_and_the_variant(
+    variants, fake_wheelhouse, tmp_path
+):
+    variant = variants["patched"]
+    context = assemble_context(
+        "embedded",
+        variant,
+        tmp_path / "context",
+        dockerfile=ROOT / "envs/Dockerfile.embedded",
+        verify_script=ROOT / "envs/verify_mm_utils.py",
+        package_directory=ROOT / "src/serving_study",
+        wheelhouse=fake_wheelhouse,
+    )
+    assert (context / "Dockerfile").read_text().startswith("# One variant of the embed")
+    assert (context / "verify_mm_utils.py").is_file()
+    assert sorted(path.name for path in (context / "wheelhouse").iterdir()) == [
+        "constraints.txt",
+        "numpy-2.4.6-cp311-cp311-manylinux_2_28_x86_64.whl",
+        "requirements.txt",
+    ]
+    assert (context / "serving-study/src/serving_study/engine/__main__.py").is_file()
+    assert not list(context.rglob("__pycache__"))
+    mm_utils = context / "variant/python/sglang/srt/managers/mm_utils.py"
+    assert file_sha256(mm_utils) == variant["mm_utils_sha256"]
+
+
+def test_sglang_context_holds_only_the_variant_package(variants, tmp_path):
+    context = assemble_context(
+        "sglang",
+        variants["original"],
+        tmp_path / "context",
+        dockerfile=ROOT / "envs/Dockerfile.sglang",
+        verify_script=ROOT / "envs/verify_mm_utils.py",
+    )
+    assert sorted(path.name for path in context.iterdir()) == [
+        "Dockerfile",
+        "variant",
+        "verify_mm_utils.py",
+    ]
+    assert "FROM ${BASE_IMAGE}" in (context / "Dockerfile").read_text()
+    mm_utils = context / "variant/python/sglang/srt/managers/mm_utils.py"
+    assert file_sha256(mm_utils) == variants["original"]["mm_utils_sha256"]
+
+
+def test_build_command_writes_the_image_id_and_labels(tmp_path):
+    argv = build_command(
+        "podman",
+        tmp_path,
+        tag="localhost/serving-study-embedded:original",
+        arguments={"MM_UTILS_SHA256": "ab" * 32, "BASE": BASE_IMAGE},
+        labels={"serving-study.variant": "original"},
+        image_id_file=tmp_path / "original.iid",
+    )
+    assert argv[:2] == ["podman", "build"]
+    assert option_value(argv, "--iidfile") == str(tmp_path / "original.iid")
+    assert option_value(argv, "--file") == str(tmp_path / "Dockerfile")
+    assert "--network=host" in argv
+    assert option_values(argv, "--build-arg") == [
+        f"BASE={BASE_IMAGE}",
+        f"MM_UTILS_SHA256={'ab' * 32}",
+    ]
+    assert option_value(argv, "--label") == "serving-study.variant=original"
+    assert argv[-1] == str(tmp_path)
+
+
+def test_build_arguments_of_each_engine(variants):
+    variant = variants["patched"]
+    embedded = build_arguments("embedded", variant, EMBEDDED_SETTINGS)
+    assert embedded == {
+        "MM_UTILS_SHA256": variant["mm_utils_sha256"],
+        "BASE": BASE_IMAGE,
+        "PYTHON_VERSION": "3.11",
+    }
+    pinned = "lmsysorg/sglang:v0.5.23@sha256:" + "0" * 64
+    sglang = build_arguments("sglang", variant, {"base_image": pinned})
+    assert sglang["BASE_IMAGE"] == pinned
+
+
+@pytest.mark.parametrize("base_image", [None, "lmsysorg/sglang:v0.5.23"])
+def test_an_unpinned_sglang_image_is_refused(variants, base_image):
+    with pytest.raises(ImageBuildFailed, match="pinned by digest"):
+        build_arguments("sglang", variants["original"], {"base_image": base_image})
+
+
+def test_image_tags_are_valid_names():
+    assert image_tag("embedded", "Patched_v2") == (
+        "localhost/serving-study-embedded:patched_v2"
+    )
+    assert (
+        image_tag("sglang", "..odd name!") == "localhost/serving-study-sglang:odd-name"
+    )
+
+
+def verify(*arguments: str) -> subprocess.CompletedProcess:
+    script = ROOT / "envs/verify_mm_utils.py"
+    return subprocess.run(
+        [sys.executable, "-I", str(script), *arguments],
+        capture_output=True,
+        text=True,
+    )
+
+
+def test_the_mm_utils_check_accepts_the_variant_and_refuses_another(variants):
+    patched, original = variants["patched"], variants["original"]
+    root = patched["sglang_python_root"]
+    accepted = verify(patched["mm_utils_sha256"], root)
+    assert accepted.returncode == 0, accepted.stderr
+    assert "is the variant's" in accepted.stdout
+    refused = verify(original["mm_utils_sha256"], root)
+    assert refused.returncode == 1
+    assert f"has sha256 {patched['mm_utils_sha256']}" in refused.stderr
+    assert verify("not-a-sha").returncode == 2
+
+
+def test_without_sglang_the_check_fails(tmp_path):
+    refused = verify("0" * 64, str(tmp_path))
+    assert refused.returncode == 1
+    assert "no sglang package is importable" in refused.stderr
+
+
+# --- Wheelhouse --------------------------------------------------------------------
+
+
+def pins(path: Path) -> dict[str, str]:
+    lines = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
+    return dict(line.split("==") for line in lines if "==" in line)
+
+
+def test_image_requirements_are_pinned_as_the_host_ones():
+    image = pins(ROOT / "envs/embedded-requirements.txt")
+    host = pins(ROOT / "requirements.txt")
+    assert {"torch", "numpy", "pillow", "aiohttp", "setproctitle"} <= set(image)
+    assert {name: host[name] for name in image} == image
+
+
+def test_manylinux_tags_for_bookworm():
+    tags = manylinux_platforms("2.36")
+    assert tags[0] == "manylinux_2_36_x86_64" and "manylinux_2_17_x86_64" in tags
+    assert "manylinux2014_x86_64" in tags and "manylinux1_x86_64" in tags
+    assert "manylinux_2_37_x86_64" not in tags
+
+
+def test_cuda_wheels_are_refused():
+    refuse_cuda_wheels([Path("torch-2.13.0+cpu-cp311-cp311-linux_x86_64.whl")])
+    with pytest.raises(WheelhouseFailed, match="PIP_FIND_LINKS"):
+        refuse_cuda_wheels([Path("nvidia_cublas_cu12-12.8.4.1-py3-none-any.whl")])
+
+
+# --- Real containers (Docker) ------------------------------------------------------
+
+
+def docker(*arguments: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["docker", *arguments], capture_output=True, text=True, check=check
+    )
+
+
+@pytest.fixture(scope="module")
+def docker_engine():
+    """Skip unless a Docker engine answers and holds the local base image."""
+    problem = engine_answers("docker")
+    if problem:
+        pytest.skip(
+            f"no Docker engine answers ({problem}; DOCKER_HOST="
+            f"{os.environ.get('DOCKER_HOST', 'unset')}): run "
+            '`engine_env=$(.ci/container-engine.sh start) && eval "$engine_env"`'
+        )
+    if docker("image", "inspect", BASE_IMAGE, check=False).returncode != 0:
+        pytest.skip(f"the base image {BASE_IMAGE} is missing: .ci/container-engine.sh")
+
+
+@pytest.fixture(scope="module")
+def docker_study(docker_engine, tmp_path_factory) -> Path:
+    """config/test/docker.yaml run for real by Snakemake: two images, two arms."""
+    workdir = tmp_path_factory.mktemp("docker-study")
+    finished = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "-s",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--configfile",
+            str(ROOT / "config/test/docker.yaml"),
+            "--cores",
+            "1",
+            "all",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert finished.returncode == 0, finished.stdout[-4000:] + finished.stderr[-4000:]
+    return workdir
+
+
+@pytest.fixture(scope="module")
+def embedded_image(docker_study) -> str:
+    return (docker_study / "results/images/original.iid").read_text().strip()
+
+
+def containers_of_runs() -> list[str]:
+    listed = docker("ps", "--all", "--filter", "label=serving-study.run")
+    return listed.stdout.splitlines()[1:]
+
+
+@pytest.mark.docker
+def test_each_arm_ran_in_its_variants_container_under_its_quota(docker_study):
+    results = docker_study / "results/test-docker"
+    for arm, quota in (("original", 0.5), ("patched", 1.0)):
+        metrics = json.loads((results / arm / "run1/metrics.json").read_text())
+        assert metrics["valid"], metrics["invalid_reasons"]
+        assert metrics["requests_completed"] == 12
+        provenance = json.loads((results / arm / "run1/provenance.json").read_text())
+        assert option_value(provenance["container_argv"], "--cpus") == f"{quota:g}"
+        assert provenance["quota_seen_inside"]["cores"] == pytest.approx(quota)
+        assert provenance["quota_in_force"]["cores"] == pytest.approx(quota)
+        assert provenance["image"] == (
+            (docker_study / f"results/images/{arm}.iid").read_text().strip()
+        )
+        # The engine in the container loaded the variant's own mm_utils.py.
+        server_info = provenance["server_info"]
+        assert (
+            server_info["mm_utils_sha256"] == provenance["variant"]["mm_utils_sha256"]
+        )
+        assert server_info["sglang_source"] == EMBEDDED_VARIANT_ROOT
+        assert provenance["server_argv"][0] == EMBEDDED_PYTHON
+        assert provenance["leaked_segments_removed"] == []
+    assert (results / "report.html").is_file()
+
+
+@pytest.mark.docker
+def test_each_image_holds_its_variant_and_says_so(docker_study):
+    records = {}
+    for variant in ("original", "patched"):
+        identity = json.loads(
+            (docker_study / f"results/variants/{variant}.json").read_text()
+        )
+        record = json.loads(
+            (docker_study / f"results/images/{variant}.inspect.json").read_text()
+        )
+        labels = record["Config"]["Labels"]
+        assert labels["serving-study.mm-utils-sha256"] == identity["mm_utils_sha256"]
+        assert labels["serving-study.variant"] == variant
+        build_log = docker_study / f"results/logs/build_image/{variant}.build.log"
+        assert f"is the variant's ({identity['mm_utils_sha256']})" in (
+            build_log.read_text()
+        )
+        records[variant] = record
+    assert records["original"]["Id"] != records["patched"]["Id"]
+    # The patched image shares every layer of the original but the variant's own.
+    original_layers = records["original"]["RootFS"]["Layers"]
+    patched_layers = records["patched"]["RootFS"]["Layers"]
+    shared = [
+        a for a, b in zip(original_layers, patched_layers, strict=False) if a == b
+    ]
+    assert len(shared) >= len(original_layers) - 2
+
+
+@pytest.mark.docker
+def test_no_container_of_the_study_is_left(docker_study):
+    assert [line for line in containers_of_runs() if "test-docker" in line] == []
+
+
+@pytest.mark.docker
+def test_quota_applied_once_healthy_and_teardown_sweeps_shared_memory(
+    embedded_image, tmp_path
+):
+    port = free_port()
+    server = ContainerServer(
+        [EMBEDDED_PYTHON, "-m", "serving_study.engine", "--port", str(port)]
+        + ["--sglang-source", EMBEDDED_VARIANT_ROOT],
+        {"OMP_NUM_THREADS": "1"},
+        0.5,
+        f"quota-after-start-{os.getpid()}",
+        tmp_path / "server.log",
+        quota_during_startup=False,
+        image=embedded_image,
+        shm_size="300m",
+    )
+    server.start()
+    try:
+        assert server.group.quota_in_force()["cores"] is None
+        wait_until_healthy(f"http://127.0.0.1:{port}", 120, process=server.process)
+        server.apply_quota()
+        assert server.quota_seen_inside()["cores"] == pytest.approx(0.5)
+        assert server.group.quota_in_force()["cores"] == pytest.approx(0.5)
+        info = requests.get(f"http://127.0.0.1:{port}/server_info", timeout=10).json()
+        assert info["thread_env"]["OMP_NUM_THREADS"] == "1"
+        assert info["torch_num_threads"] == 1
+        # Nothing of this host's environment went in: only what the arm set.
+        environment = psutil.Process(server.pid).environ()
+        assert (
+            "VIRTUAL_ENV" not in environment
+            and "PYTEST_CURRENT_TEST" not in environment
+        )
+        shared_memory = os.statvfs(f"/proc/{server.pid}/root/dev/shm")
+        assert shared_memory.f_blocks * shared_memory.f_frsize == 300 * MIB
+        # A segment left behind, as a crashed request would leave it.
+        docker(
+            "exec",
+            server.container_id,
+            "sh",
+            "-c",
+            "echo x > /dev/shm/sgl_shm_mm_1_0badf00d",
+        )
+        server.remember_tree()
+        pids, group_directory = set(server.known_pids), server.group.cpu_directory
+        assert server.pid in pids and 1 in server.namespace_pids
+    finally:
+        server.stop()
+    assert server.leaked_segments == ["sgl_shm_mm_1_0badf00d"]
+    assert server.exit_code() == 0  # the engine stopped cleanly on SIGTERM
+    assert not any(psutil.pid_exists(pid) for pid in pids)
+    assert not group_directory.exists()
+    assert docker("inspect", server.container_id, check=False).returncode != 0
+
+
+@pytest.mark.docker
+def test_a_server_that_exits_is_reported_with_its_code_and_log(
+    embedded_image, tmp_path
+):
+    server = ContainerServer(
+        [EMBEDDED_PYTHON, "-c", "print('giving up', flush=True); raise SystemExit(3)"],
+        {},
+        None,
+        f"exits-{os.getpid()}",
+        tmp_path / "server.log",
+        image=embedded_image,
+        shm_size="64m",
+    )
+    server.start()
+    try:
+        with pytest.raises(ServerNeverHealthy, match="exited with code 3"):
+            wait_until_healthy(
+                f"http://127.0.0.1:{free_port()}", 60, process=server.process
+            )
+    finally:
+        server.stop()
+    assert "giving up" in server.log_tail()
+    assert docker("inspect", server.container_id, check=False).returncode != 0
+
+
+@pytest.mark.docker
+def test_a_refused_start_is_an_exit_code_not_an_exception(docker_engine, tmp_path):
+    server = ContainerServer(
+        ["true"],
+        {},
+        1.0,
+        f"refused-{os.getpid()}",
+        tmp_path / "server.log",
+        image="sha256:" + "0" * 64,
+        shm_size="64m",
+    )
+    server.start()
+    server.stop()
+    assert server.exit_code() not in (None, 0)
+    assert "docker run` failed" in server.log_tail()
+
+
+@pytest.mark.docker
+def test_the_build_fails_when_the_image_would_not_run_the_variant(
+    docker_study, tmp_path
+):
+    """The embedded image's last step is the mm_utils.py check; a variant record
+    whose sha256 is not its tree's must fail the build, naming both."""
+    variant = json.loads((docker_study / "results/variants/original.json").read_text())
+    wrong = variant | {"mm_utils_sha256": "0" * 64}
+    with pytest.raises(ImageBuildFailed) as failure:
+        build_variant_image(
+            runtime="docker",
+            engine="embedded",
+            variant=wrong,
+            settings=EMBEDDED_SETTINGS,
+            dockerfile=ROOT / "envs/Dockerfile.embedded",
+            verify_script=ROOT / "envs/verify_mm_utils.py",
+            image_id_file=tmp_path / "wrong.iid",
+            inspect_file=tmp_path / "wrong.inspect.json",
+            log_path=tmp_path / "build.log",
+            package_directory=ROOT / "src/serving_study",
+            wheelhouse=docker_study / "resources/wheelhouse",
+        )
+    assert f"has sha256 {variant['mm_utils_sha256']}" in str(failure.value)
+    assert not (tmp_path / "wrong.iid").exists()
+
+
+@pytest.mark.docker
+def test_sglang_dockerfile_puts_the_variant_over_an_editable_install(
+    embedded_image, docker_study, tmp_path
+):
+    """Dockerfile.sglang on a stand-in for the official image: the embedded image
+    with a release's sglang installed editable under /sgl-workspace (the real base
+    image needs a registry and a GPU host)."""
+    stand_in = tmp_path / "stand-in"
+    stand_in.mkdir()
+    package = "/sgl-workspace/sglang/python/sglang"
+    (stand_in / "Dockerfile").write_text(
+        f"FROM {embedded_image}\n"
+        f"RUN mkdir -p {package}/srt/managers/__pycache__ "
+        f"&& touch {package}/__init__.py {package}/release_only.py "
+        f"&& echo '# the release' > {package}/srt/managers/mm_utils.py "
+        '&& python3 -c "import pathlib, sysconfig; pathlib.Path(sysconfig.get_path('
+        "'purelib'), 'sglang.pth').write_text('/sgl-workspace/sglang/python')\"\n"
+    )
+    base_tag = f"localhost/serving-study-test/sglang-stand-in:{os.getpid()}"
+    image_id_file = tmp_path / "sglang.iid"
+    try:
+        docker("build", "--quiet", "--tag", base_tag, str(stand_in))
+        variant = json.loads(
+            (docker_study / "results/variants/patched.json").read_text()
+        )
+        context = assemble_context(
+            "sglang",
+            variant,
+            tmp_path / "context",
+            dockerfile=ROOT / "envs/Dockerfile.sglang",
+            verify_script=ROOT / "envs/verify_mm_utils.py",
+        )
+        arguments = {
+            "BASE_IMAGE": base_tag,
+            "MM_UTILS_SHA256": variant["mm_utils_sha256"],
+        }
+        run_build(
+            build_command(
+                "docker",
+                context,
+                tag=f"{base_tag}-variant",
+                arguments=arguments,
+                labels={},
+                image_id_file=image_id_file,
+            ),
+            tmp_path / "build.log",
+        )
+        image_id = image_id_file.read_text().strip()
+        listing = docker(
+            "run",
+            "--rm",
+            "--network=none",
+            image_id,
+            "sh",
+            "-c",
+            f"sha256sum {package}/srt/managers/mm_utils.py; "
+            f"ls {package}/release_only.py; ls -d {package}/srt/managers/__pycache__",
+            check=False,
+        )
+        assert variant["mm_utils_sha256"] in listing.stdout
+        assert "release_only.py" in listing.stdout  # the release's extra files stay
+        assert "__pycache__" in listing.stderr  # stale bytecode is gone
+        assert inspect_image("docker", image_id)["Id"] == image_id
+    finally:
+        docker("image", "rm", "--force", f"{base_tag}-variant", base_tag, check=False)
+
+
+@pytest.mark.docker
+def test_monitors_see_the_containers_processes_from_the_host(embedded_image, tmp_path):
+    """The scheduler inside is a host process the monitors can find and sample."""
+    from serving_study.monitors import find_server_processes
+
+    port = free_port()
+    server = ContainerServer(
+        [EMBEDDED_PYTHON, "-m", "serving_study.engine", "--port", str(port)]
+        + ["--sglang-source", EMBEDDED_VARIANT_ROOT],
+        {},
+        1.0,
+        f"monitors-{os.getpid()}",
+        tmp_path / "server.log",
+        image=embedded_image,
+        shm_size="256m",
+    )
+    server.start()
+    try:
+        wait_until_healthy(f"http://127.0.0.1:{port}", 120, process=server.process)
+        found = find_server_processes(server.pid, server.group.pids())
+        assert found.main.pid == server.pid
+        assert found.scheduler is not None and found.scheduler.ppid() == server.pid
+        before = server.group.read_stat()
+        time.sleep(0.5)
+        assert server.group.read_stat().nr_periods >= before.nr_periods
+    finally:
+        server.stop()

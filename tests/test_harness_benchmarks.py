@@ -1,0 +1,354 @@
+"""The harness benchmarks measure what they say, with tiny sizes and durations.
+
+Every section runs for real: the zero-work server over HTTP, the load client and a
+raw socket client against it, the monitors against a process tree in a cgroup, each
+variant's own ShmPointerMMData in a fresh process, one real embedded arm (slow).
+No speed is asserted: speeds are the benchmark target's figures, not tests.
+"""
+
+import base64
+import json
+import os
+from pathlib import Path
+
+import psutil
+import pytest
+
+from serving_study import harness_benchmarks as benchmarks
+from serving_study.client import load_requests
+from serving_study.variants import prepare_variant
+from serving_study.workloads import generate_workload
+
+REPOSITORY = Path(__file__).resolve().parents[1]
+PATCH = "envs/patches/pr48881-shm-copy-without-thread-fanout.patch"
+needs_root = pytest.mark.skipif(
+    os.geteuid() != 0, reason="the CPU-quota cgroups only root can create"
+)
+
+
+@pytest.fixture(scope="module")
+def chat_requests(tmp_path_factory):
+    out = tmp_path_factory.mktemp("workload") / "tiny"
+    spec = {"name": "tiny", "seed": 1, "images": 4, "width": 64, "height": 64}
+    generate_workload(spec | {"input_tokens": 8, "format": "jpeg"}, out)
+    return load_requests(out / "manifest.json")
+
+
+@pytest.fixture(scope="module")
+def server():
+    with benchmarks.zero_work_server(cpu=None) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def variants(sglang_0_5_23, tmp_path_factory) -> dict[str, dict]:
+    tree, source = sglang_0_5_23
+    directory = tmp_path_factory.mktemp("variants")
+    original = {"name": "original", "source": "sglang-0.5.23"}
+    patched = {"name": "patched", "source": "sglang-0.5.23", "patch": PATCH}
+    return {
+        "original": prepare_variant(original, tree, source, None, directory / "o"),
+        "patched": prepare_variant(
+            patched, tree, source, REPOSITORY / PATCH, directory / "p"
+        ),
+    }
+
+
+def own_children() -> set[int]:
+    """Live descendants of this process (the module's zero-work server among them)."""
+    return {
+        child.pid
+        for child in psutil.Process().children(recursive=True)
+        if child.status() != psutil.STATUS_ZOMBIE
+    }
+
+
+# --- Client ---------------------------------------------------------------------
+
+
+def test_the_zero_work_server_answers_with_every_token_at_once(
+    chat_requests, server, tmp_path
+):
+    figures = benchmarks.measure_client_rate(
+        chat_requests,
+        server,
+        client_cpu=benchmarks.client_and_server_cpus()[0],
+        concurrencies=[1, 4],
+        measured_requests=12,
+        study_peak_rps=25.7,
+        out_dir=tmp_path,
+    )
+
+    for level in figures["levels"]:
+        assert level["completed"] == 12 and level["errors"] == 0
+        log = (tmp_path / f"client-rate-c{level['concurrency']}.jsonl").read_text()
+        records = [json.loads(line) for line in log.splitlines()]
+        assert {record["output_tokens"] for record in records} == {32}
+        assert {record["status"] for record in records} == {200}
+    best = max(level["rps"] for level in figures["levels"])
+    assert figures["client_max_rps"] == best
+    assert figures["client_headroom_ratio"] == round(best / 25.7, 1)
+
+
+def test_the_raw_socket_client_reads_whole_answers_on_one_connection(
+    chat_requests, server
+):
+    bodies = [
+        request.body(model="zero-work", output_tokens=32) for request in chat_requests
+    ]
+    ttfts = benchmarks.raw_socket_ttfts(server, bodies, count=6, warmup=2)
+
+    # Eight answers read to their end on one keep-alive connection (a server that
+    # closed it, or an answer read short, would fail the next request).
+    assert len(ttfts) == 6 and all(ttft > 0 for ttft in ttfts)
+
+
+def test_the_ttft_overhead_is_the_client_minus_the_raw_socket(
+    chat_requests, server, tmp_path
+):
+    figures = benchmarks.measure_ttft_overhead(
+        chat_requests,
+        server,
+        client_cpu=benchmarks.client_and_server_cpus()[0],
+        requests_per_round=5,
+        rounds=2,
+        out_dir=tmp_path,
+    )
+
+    assert figures["requests_each"] == 10
+    assert figures["client_ttft_overhead_ms_p50"] == pytest.approx(
+        figures["client_ttft_ms_p50"] - figures["raw_socket_ttft_ms_p50"], abs=0.002
+    )
+
+
+def test_a_client_that_falls_behind_its_schedule_makes_the_run_invalid(
+    chat_requests, server, tmp_path
+):
+    verdicts = benchmarks.check_dispatch_lag_invalidation(
+        chat_requests, server, block_s=0.3, allowed_ms=100, out_dir=tmp_path
+    )
+
+    assert verdicts["unblocked_client"]["valid"]
+    blocked = verdicts["blocked_client"]
+    assert not blocked["valid"]
+    assert blocked["dispatch_lag_max_ms"] >= 300
+    assert [reason for reason in blocked["invalid_reasons"] if "dispatch lag" in reason]
+    assert verdicts["lagging_client_invalidates_run"]
+    monitors = json.loads((tmp_path / "blocked_client" / "monitors.json").read_text())
+    assert monitors["processes"]["main_pid"] == server.process.pid
+
+
+# --- Monitors -------------------------------------------------------------------
+
+
+@needs_root
+def test_the_monitor_cost_is_measured_on_a_tree_with_many_threads(tmp_path):
+    name = f"harness-test-{os.getpid()}"
+    children_before = own_children()
+    figures = benchmarks.measure_monitor_cpu(
+        window_s=0.5,
+        threads=16,
+        sample_hz=10,
+        thread_sample_hz=4,
+        group_name=name,
+        log_path=tmp_path / "tree.log",
+    )
+
+    assert figures["main_threads_sampled"] >= 17
+    assert figures["scheduler_found"] and figures["cgroup_read"]
+    assert figures["samples"] >= 2
+    assert figures["monitor_cpu_seconds"] > 0
+    assert figures["monitor_cpu_fraction"] == pytest.approx(
+        max(figures["monitor_cpu_seconds"], figures["sampler_cpu_seconds"])
+        / figures["window_s"],
+        abs=1e-4,
+    )
+    assert own_children() <= children_before
+    for hierarchy in ("cpu", "cpuacct"):
+        assert not (
+            Path("/sys/fs/cgroup") / hierarchy / "serving-study" / name
+        ).exists()
+
+
+# --- Shared-memory copy ---------------------------------------------------------
+
+
+def test_each_variant_copy_is_timed_beside_memcpy_with_the_server_threads(
+    variants, monkeypatch
+):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as Snakemake sets it for a job
+    roots = {name: Path(v["sglang_python_root"]) for name, v in variants.items()}
+
+    figures = benchmarks.measure_shm_copy(roots, rows=[8, 64], columns=1536, repeats=2)
+    summary = benchmarks.summarize_shm_copy(figures, {"tiny": 8, "small": 64})
+
+    assert "OMP_NUM_THREADS" not in figures["thread_settings_in_environment"]
+    assert figures["torch_threads"] == len(os.sched_getaffinity(0))
+    assert set(summary["shm_copy_gbps"]) == {"original", "patched"}
+    assert set(summary["memcpy_gbps"]) == {"fresh", "new_segment", "prefaulted"}
+    for by_size in (
+        *summary["shm_copy_gbps"].values(),
+        *summary["memcpy_gbps"].values(),
+    ):
+        assert set(by_size) == {"tiny", "small"}
+        assert all(gbps > 0 for gbps in by_size.values())
+    assert summary["shm_copy_patched_to_memcpy_ratio"] == min(
+        summary["shm_copy_to_memcpy_fresh_ratio"]["patched"].values()
+    )
+    creator = f"_{figures['pid']}_"  # SGLang's segment names and ours hold it
+    assert not [name for name in os.listdir("/dev/shm") if creator in name]
+
+
+# --- The default study's wall time -----------------------------------------------
+
+
+def write_record(metadata: Path, output: str, record: dict, name_max: int = 255):
+    """A Snakemake metadata record, named as Snakemake names it."""
+    encoded = base64.urlsafe_b64encode(output.encode()).decode()
+    chunks = [
+        encoded[i : i + name_max - 1] for i in range(0, len(encoded), name_max - 1)
+    ]
+    path = metadata.joinpath(*["@" + chunk for chunk in chunks[:-1]], chunks[-1])
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(record))
+
+
+def test_the_study_wall_time_sums_its_jobs_from_snakemake_records(tmp_path):
+    metadata = tmp_path / "metadata"
+    run = "results/exp/" + "a" * 300 + "/run1"  # a record name split in directories
+    jobs = [  # (outputs, rule, log, start, end)
+        (["resources/sources/s/identity.json"], "fetch_source", "l1", 0, 7),
+        (["results/exp/host.json"], "preflight", "l2", 1000, 1006),
+        ([f"{run}/metrics.json", f"{run}/monitors.json"], "run_arm", "l3", 1006, 1030),
+        (["results/exp/report.html"], "report_html", "l4", 1031, 1036),
+        (["results/exp/other.json"], "another_rule", "l5", 2000, 2100),
+    ]
+    for outputs, rule, log, start, end in jobs:
+        for offset, output in enumerate(outputs):
+            record = {"rule": rule, "log": [log], "starttime": start + offset * 1e-4}
+            write_record(metadata, output, record | {"endtime": end})
+    study_outputs = [
+        "resources/sources/s/identity.json",
+        "results/exp/host.json",
+        f"{run}/metrics.json",
+        "results/exp/report.html",
+    ]
+
+    figures = benchmarks.default_study_wall(metadata, study_outputs)
+
+    assert figures["jobs"] == 4
+    assert figures["default_study_wall_s"] == 7 + 6 + 24 + 5
+    assert figures["last_stretch_jobs"] == 3
+    assert figures["last_stretch_span_s"] == 36
+    assert figures["seconds_by_rule"]["run_arm"] == 24
+
+    run_directory = tmp_path / "run1"
+    run_directory.mkdir()
+    (run_directory / "provenance.json").write_text(json.dumps({"wall_s": 24}))
+    (run_directory / "metrics.json").write_text(json.dumps({"measured_seconds": 10}))
+    estimate = benchmarks.with_current_arm_overhead(figures, [run_directory], 6)
+    assert estimate["recorded_arm_overhead_s_median"] == 14
+    assert estimate["estimated_wall_s_with_measured_arm_overhead"] == 42 - 14 + 6
+
+
+def test_without_records_the_study_wall_time_is_null_with_a_reason(tmp_path):
+    figures = benchmarks.default_study_wall(tmp_path / "none", ["results/x.json"])
+    assert figures["default_study_wall_s"] is None
+    assert "never ran" in figures["reason"]
+
+    (tmp_path / "metadata").mkdir()
+    figures = benchmarks.default_study_wall(tmp_path / "metadata", ["results/x.json"])
+    assert figures["default_study_wall_s"] is None
+    assert "results/x.json" in figures["reason"]
+
+
+# --- One real arm -----------------------------------------------------------------
+
+
+@needs_root
+@pytest.mark.slow
+def test_a_real_arm_is_split_into_its_phases(variants, tmp_path_factory, tmp_path):
+    children_before = own_children()
+    workload = tmp_path_factory.mktemp("arm-workload") / "tiny"
+    spec = {"name": "tiny", "seed": 1, "images": 4, "width": 128, "height": 128}
+    generate_workload(spec | {"input_tokens": 8, "format": "png"}, workload)
+    arm = {
+        "name": "overhead",
+        "variant": "original",
+        "workload": "tiny",
+        "transport": "cpu",
+        "cpu_quota": 1.0,
+        "environment": {},
+        "concurrency": 4,
+        "requests": 24,
+        "output_tokens": 8,
+        "runs": 1,
+    }
+    engine = {
+        "engine": "embedded",
+        "runtime": "local",
+        "embedded": {
+            "served_model_name": "test-model",
+            "prefill_ms_per_image": 5,
+            "decode_step_ms": 5,
+            "max_running_requests": 64,
+            "scheduler_busy_fraction": 0,
+        },
+        "sglang": {},
+    }
+    client = {
+        "warmup_requests": 4,
+        "health_timeout_s": 120,
+        "request_timeout_s": 60,
+        "max_dispatch_lag_ms": 100,
+        "quota_during_startup": False,
+    }
+    monitors = {"sample_hz": 10, "thread_sample_hz": 1, "gpu": "off"}
+
+    figures = benchmarks.measure_arm_overhead(
+        arm=arm,
+        variant=variants["original"],
+        workload_manifest=workload / "manifest.json",
+        engine=engine,
+        client=client,
+        monitors=monitors,
+        out_dir=tmp_path,
+    )
+
+    assert figures["valid"], figures["invalid_reasons"]
+    assert figures["arm_overhead_s"] == pytest.approx(
+        figures["arm_wall_s"] - figures["measured_seconds"], abs=0.002
+    )
+    phases = figures["phases_s"]
+    assert all(seconds is not None and seconds >= 0 for seconds in phases.values())
+    in_sequence = sum(
+        phases[name]
+        for name in (
+            "main_process_start",
+            "scheduler_start",
+            "server_warmup_request",
+            "healthy_to_client_start",
+            "client_warmup",
+            "measured_window",
+            "after_measured",
+            "teardown",
+        )
+    )
+    # The phases follow each other from launch to return; only the few ms between
+    # the main process's readiness and the scheduler's start are not in a phase.
+    assert in_sequence == pytest.approx(figures["arm_wall_s"], abs=0.5)
+    assert own_children() <= children_before
+
+
+def test_goals_are_judged_against_their_bounds():
+    verdicts = benchmarks.goals_met(
+        {
+            "client_headroom_ratio": 20.0,
+            "client_ttft_overhead_ms_p50": 1.5,
+            "monitor_cpu_fraction": None,
+        }
+    )
+
+    assert verdicts["client_headroom_ratio"]["met"] is True
+    assert verdicts["client_ttft_overhead_ms_p50"]["met"] is False
+    assert verdicts["monitor_cpu_fraction"]["met"] is None
