@@ -20,3 +20,56 @@ def sglang_0_5_23(pytestconfig) -> tuple[Path, dict]:
     identity = fetch_source(SGLANG_0_5_23, tree, download_dir=wheels)
     assert tree_sha256(tree / "python") == identity["tree_sha256"], "cache altered"
     return tree, identity
+
+
+# The two files the embedded engine loads the transport class from.
+TRANSPORT_FILES = (
+    "sglang/srt/managers/mm_utils.py",
+    "sglang/srt/utils/stale_shm_cleanup.py",
+)
+ORIGINAL_COPY = """\
+            dst = torch.frombuffer(shm.buf, dtype=torch.uint8)
+            dst.copy_(tensor.view(torch.uint8).reshape(-1))
+"""
+PR_48881_COPY = """\
+            shm.buf[:] = tensor.detach().view(torch.uint8).reshape(-1).numpy()
+"""
+
+
+def release_transport_sources(pytestconfig, version: str, destination: Path) -> Path:
+    """A folder holding just the transport files of SGLang ``version`` (from PyPI,
+    cached between runs): what the engine needs as ``--sglang-source``."""
+    tree = pytestconfig.cache.mkdir("sglang-sources") / f"sglang-{version}"
+    record = {
+        "name": f"sglang-{version}",
+        "pypi": {"package": "sglang", "version": version},
+    }
+    fetch_source(record, tree, download_dir=pytestconfig.cache.mkdir("sglang-wheels"))
+    for relative in TRANSPORT_FILES:
+        source = tree / "python" / relative
+        if source.exists():
+            target = destination / relative
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(source.read_bytes())
+    return destination
+
+
+@pytest.fixture(scope="session")
+def transport_sources_0_5_23(pytestconfig, tmp_path_factory) -> Path:
+    destination = tmp_path_factory.mktemp("sglang-0.5.23")
+    return release_transport_sources(pytestconfig, "0.5.23", destination)
+
+
+@pytest.fixture(scope="session")
+def transport_sources_0_5_23_patched(transport_sources_0_5_23, tmp_path_factory):
+    """The same files with PR #48881's copy in place of torch's copy_()."""
+    patched = tmp_path_factory.mktemp("sglang-0.5.23-pr48881")
+    for relative in TRANSPORT_FILES:
+        target = patched / relative
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text((transport_sources_0_5_23 / relative).read_text())
+    mm_utils = patched / TRANSPORT_FILES[0]
+    text = mm_utils.read_text()
+    assert text.count(ORIGINAL_COPY) == 1
+    mm_utils.write_text(text.replace(ORIGINAL_COPY, PR_48881_COPY))
+    return patched

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import os
 import pickle
-from pathlib import Path
 
 import pytest
 import torch
+from conftest import release_transport_sources
 
 from serving_study.engine.protocol import (
     SHM,
@@ -28,27 +28,13 @@ from serving_study.engine.shm_loader import (
     VariantTransport,
     load_variant_transport,
 )
-from serving_study.engine.variant_sources import (
-    download_sglang_wheel,
-    extract_transport_sources,
-)
 
-LOCAL_WHEEL = Path("/tmp/sgl/sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl")
 MESSAGE_TIMEOUT_S = 60
 
 
-@pytest.fixture(scope="session")
-def sglang_0_5_23(tmp_path_factory, pytestconfig) -> Path:
-    if LOCAL_WHEEL.exists():
-        wheel = LOCAL_WHEEL
-    else:
-        wheel = download_sglang_wheel("0.5.23", pytestconfig.cache.mkdir("sglang"))
-    return extract_transport_sources(wheel, tmp_path_factory.mktemp("sglang-0.5.23"))
-
-
 @pytest.fixture(scope="module")
-def variant(sglang_0_5_23):
-    return load_variant_transport(sglang_0_5_23)
+def variant(transport_sources_0_5_23):
+    return load_variant_transport(transport_sources_0_5_23)
 
 
 @pytest.fixture(scope="module")
@@ -185,8 +171,7 @@ def test_scheduler_unlinks_unconsumed_segments_when_the_pipe_closes(variant, seg
 def test_older_releases_take_their_own_receive_path(
     version, receive_path, tmp_path, pytestconfig
 ):
-    wheel = download_sglang_wheel(version, pytestconfig.cache.mkdir("sglang"))
-    sglang_root = extract_transport_sources(wheel, tmp_path)
+    sglang_root = release_transport_sources(pytestconfig, version, tmp_path)
     older = load_variant_transport(sglang_root)
     process, connection = _start(older, TimingModel(decode_step_ms=1))
     segments: list[str] = []

@@ -23,43 +23,10 @@ from PIL import Image
 import serving_study
 from serving_study.engine.segments import list_segments
 from serving_study.engine.shm_loader import MM_UTILS_RELATIVE_PATH
-from serving_study.engine.variant_sources import (
-    download_sglang_wheel,
-    extract_transport_sources,
-)
 
-LOCAL_WHEEL = Path("/tmp/sgl/sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl")
-ORIGINAL_COPY = """\
-            dst = torch.frombuffer(shm.buf, dtype=torch.uint8)
-            dst.copy_(tensor.view(torch.uint8).reshape(-1))
-"""
-PR_48881_COPY = """\
-            shm.buf[:] = tensor.detach().view(torch.uint8).reshape(-1).numpy()
-"""
 READY_LINE = "The server is fired up and ready to roll!"
 STARTUP_TIMEOUT_S = 120
 REQUEST_TIMEOUT_S = 60
-
-
-@pytest.fixture(scope="session")
-def sglang_0_5_23(tmp_path_factory, pytestconfig) -> Path:
-    if LOCAL_WHEEL.exists():
-        wheel = LOCAL_WHEEL
-    else:
-        wheel = download_sglang_wheel("0.5.23", pytestconfig.cache.mkdir("sglang"))
-    return extract_transport_sources(wheel, tmp_path_factory.mktemp("sglang-0.5.23"))
-
-
-@pytest.fixture(scope="session")
-def sglang_0_5_23_patched(sglang_0_5_23, tmp_path_factory) -> Path:
-    patched = tmp_path_factory.mktemp("sglang-0.5.23-pr48881")
-    mm_utils = patched / MM_UTILS_RELATIVE_PATH
-    for source in (sglang_0_5_23 / "sglang").rglob("*.py"):
-        target = patched / source.relative_to(sglang_0_5_23)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(source.read_text())
-    mm_utils.write_text(mm_utils.read_text().replace(ORIGINAL_COPY, PR_48881_COPY))
-    return patched
 
 
 @pytest.fixture(scope="module")
@@ -150,7 +117,7 @@ def start_engine(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def engine_pool(sglang_0_5_23, tmp_path_factory):
+def engine_pool(transport_sources_0_5_23, tmp_path_factory):
     """One engine for the module, restarted if a test (SIGTERM) stopped it."""
     started: list[EngineProcess] = []
 
@@ -158,7 +125,7 @@ def engine_pool(sglang_0_5_23, tmp_path_factory):
         if not started or started[-1].process.poll() is not None:
             log_path = tmp_path_factory.mktemp("engine") / "server.log"
             timing = ("--prefill-ms-per-image", "5", "--decode-step-ms", "2")
-            started.append(EngineProcess(sglang_0_5_23, log_path, *timing))
+            started.append(EngineProcess(transport_sources_0_5_23, log_path, *timing))
             started[-1].wait_healthy()
         return started[-1]
 
@@ -305,12 +272,14 @@ def test_bad_requests_get_400_with_a_json_error(engine, content, message):
     assert message in response.json()["message"]
 
 
-def test_models_and_server_info_describe_the_running_engine(engine, sglang_0_5_23):
+def test_models_and_server_info_describe_the_running_engine(
+    engine, transport_sources_0_5_23
+):
     models = requests.get(engine.url("/v1/models"), timeout=10).json()
     assert models["data"][0]["id"] == "test-model"
 
     info = requests.get(engine.url("/server_info"), timeout=10).json()
-    mm_utils = (sglang_0_5_23 / MM_UTILS_RELATIVE_PATH).resolve()
+    mm_utils = (transport_sources_0_5_23 / MM_UTILS_RELATIVE_PATH).resolve()
     assert info["pid"] == engine.pid
     assert info["thread_env"]["OMP_NUM_THREADS"] == "2"
     assert info["torch_num_threads"] == 2
@@ -332,11 +301,11 @@ def test_scheduler_is_a_titled_child_of_the_server(engine):
 
 
 def test_killed_scheduler_turns_requests_into_500s(
-    start_engine, sglang_0_5_23_patched, image_url
+    start_engine, transport_sources_0_5_23_patched, image_url
 ):
-    engine = start_engine(sglang_0_5_23_patched, "--decode-step-ms", "20")
+    engine = start_engine(transport_sources_0_5_23_patched, "--decode-step-ms", "20")
     info = requests.get(engine.url("/server_info"), timeout=10).json()
-    patched_file = sglang_0_5_23_patched / MM_UTILS_RELATIVE_PATH
+    patched_file = transport_sources_0_5_23_patched / MM_UTILS_RELATIVE_PATH
     assert info["mm_utils_path"] == str(patched_file.resolve())
     in_flight = requests.post(
         engine.url("/v1/chat/completions"),
@@ -364,8 +333,10 @@ def test_killed_scheduler_turns_requests_into_500s(
 
 
 @pytest.mark.slow
-def test_scheduler_exits_when_the_server_is_killed(start_engine, sglang_0_5_23):
-    engine = start_engine(sglang_0_5_23)
+def test_scheduler_exits_when_the_server_is_killed(
+    start_engine, transport_sources_0_5_23
+):
+    engine = start_engine(transport_sources_0_5_23)
     scheduler_pid = requests.get(engine.url("/server_info"), timeout=10).json()[
         "scheduler_pid"
     ]
@@ -376,9 +347,11 @@ def test_scheduler_exits_when_the_server_is_killed(start_engine, sglang_0_5_23):
 
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU")
-def test_cuda_ipc_without_a_gpu_exits_with_advice(sglang_0_5_23, tmp_path):
+def test_cuda_ipc_without_a_gpu_exits_with_advice(transport_sources_0_5_23, tmp_path):
     log_path = tmp_path / "server.log"
-    engine = EngineProcess(sglang_0_5_23, log_path, "--transport", "cuda_ipc")
+    engine = EngineProcess(
+        transport_sources_0_5_23, log_path, "--transport", "cuda_ipc"
+    )
     assert engine.process.wait(60) == 2
     assert "transport cuda_ipc needs a CUDA GPU; use transport: cpu" in engine.log()
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import ORIGINAL_COPY
 
 from serving_study.engine.segments import SHM_DIRECTORY, unlink_segment
 from serving_study.engine.shm_loader import (
@@ -21,39 +22,6 @@ from serving_study.engine.shm_loader import (
     load_shm_pointer_class,
     load_variant_transport,
 )
-from serving_study.engine.variant_sources import (
-    download_sglang_wheel,
-    extract_transport_sources,
-)
-
-LOCAL_WHEEL = Path("/tmp/sgl/sglang-0.5.23-cp311-cp311-manylinux_2_34_x86_64.whl")
-ORIGINAL_COPY = """\
-            dst = torch.frombuffer(shm.buf, dtype=torch.uint8)
-            dst.copy_(tensor.view(torch.uint8).reshape(-1))
-"""
-PR_48881_COPY = """\
-            shm.buf[:] = tensor.detach().view(torch.uint8).reshape(-1).numpy()
-"""
-
-
-@pytest.fixture(scope="session")
-def sglang_0_5_23(tmp_path_factory, pytestconfig) -> Path:
-    if LOCAL_WHEEL.exists():
-        wheel = LOCAL_WHEEL
-    else:
-        wheel = download_sglang_wheel("0.5.23", pytestconfig.cache.mkdir("sglang"))
-    return extract_transport_sources(wheel, tmp_path_factory.mktemp("sglang-0.5.23"))
-
-
-@pytest.fixture(scope="session")
-def sglang_0_5_23_patched(sglang_0_5_23, tmp_path_factory) -> Path:
-    patched = tmp_path_factory.mktemp("sglang-0.5.23-pr48881")
-    shutil.copytree(sglang_0_5_23, patched, dirs_exist_ok=True)
-    mm_utils = patched / MM_UTILS_RELATIVE_PATH
-    text = mm_utils.read_text()
-    assert text.count(ORIGINAL_COPY) == 1
-    mm_utils.write_text(text.replace(ORIGINAL_COPY, PR_48881_COPY))
-    return patched
 
 
 def _open_in_child(pickled_by_root: dict[Path, bytes], results) -> None:
@@ -69,9 +37,11 @@ def _segment_exists(name: str) -> bool:
     return (SHM_DIRECTORY / name).exists()
 
 
-def test_patched_class_is_the_patched_code(sglang_0_5_23, sglang_0_5_23_patched):
-    original = load_shm_pointer_class(sglang_0_5_23)
-    patched = load_shm_pointer_class(sglang_0_5_23_patched)
+def test_patched_class_is_the_patched_code(
+    transport_sources_0_5_23, transport_sources_0_5_23_patched
+):
+    original = load_shm_pointer_class(transport_sources_0_5_23)
+    patched = load_shm_pointer_class(transport_sources_0_5_23_patched)
 
     original_init = inspect.getsource(original.__init__)
     patched_init = inspect.getsource(patched.__init__)
@@ -81,9 +51,9 @@ def test_patched_class_is_the_patched_code(sglang_0_5_23, sglang_0_5_23_patched)
     assert "dst.copy_(" not in patched_init
 
 
-def test_loaded_file_and_hash_are_reported(sglang_0_5_23):
-    variant = load_variant_transport(sglang_0_5_23)
-    mm_utils = (sglang_0_5_23 / MM_UTILS_RELATIVE_PATH).resolve()
+def test_loaded_file_and_hash_are_reported(transport_sources_0_5_23):
+    variant = load_variant_transport(transport_sources_0_5_23)
+    mm_utils = (transport_sources_0_5_23 / MM_UTILS_RELATIVE_PATH).resolve()
     assert variant.mm_utils_path == mm_utils
     assert variant.mm_utils_sha256 == hashlib.sha256(mm_utils.read_bytes()).hexdigest()
     assert variant.materializes
@@ -91,12 +61,12 @@ def test_loaded_file_and_hash_are_reported(sglang_0_5_23):
 
 
 def test_both_classes_round_trip_a_tensor_through_dev_shm(
-    sglang_0_5_23, sglang_0_5_23_patched
+    transport_sources_0_5_23, transport_sources_0_5_23_patched
 ):
     pixels = np.random.default_rng(7).random((1024, 1536), dtype=np.float32)
     tensor = torch.from_numpy(pixels)
     expected_digest = hashlib.sha256(pixels).hexdigest()
-    roots = (sglang_0_5_23, sglang_0_5_23_patched)
+    roots = (transport_sources_0_5_23, transport_sources_0_5_23_patched)
     pointers = {root: load_shm_pointer_class(root)(tensor) for root in roots}
     segment_names = [p.__getstate__()["shm_name"] for p in pointers.values()]
     for name in segment_names:
@@ -125,8 +95,10 @@ def test_both_classes_round_trip_a_tensor_through_dev_shm(
     assert left_over == []
 
 
-def test_unknown_name_is_refused_with_file_and_names(sglang_0_5_23, tmp_path):
-    shutil.copytree(sglang_0_5_23, tmp_path, dirs_exist_ok=True)
+def test_unknown_name_is_refused_with_file_and_names(
+    transport_sources_0_5_23, tmp_path
+):
+    shutil.copytree(transport_sources_0_5_23, tmp_path, dirs_exist_ok=True)
     mm_utils = tmp_path / MM_UTILS_RELATIVE_PATH
     text = mm_utils.read_text().replace(
         ORIGINAL_COPY, ORIGINAL_COPY + "            zlib.crc32(shm.buf)\n"
