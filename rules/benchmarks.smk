@@ -11,18 +11,15 @@ BENCHMARK_ARM = config["arms"][0]
 # The study's highest throughput (STUDY.md, P4: cuda_ipc at concurrency 16): the
 # rate the client must exceed many times over.
 STUDY_PEAK_RPS = 25.7
-
-
-def study_job_outputs():
-    """One output of every job of the default study (`all`), for its wall time."""
-    return [
-        *(f"resources/sources/{source}/identity.json" for source in SOURCES),
-        *variant_identity_files(),
-        *(f"results/workloads/{workload}/manifest.json" for workload in WORKLOADS),
-        f"results/{EXPERIMENT}/host.json",
-        *run_metrics_files(),
-        *final_outputs(),
-    ]
+# One output of every job of the study (`all`), whose records give its wall time.
+STUDY_JOB_OUTPUTS = [
+    *(f"resources/sources/{source}/identity.json" for source in SOURCES),
+    *variant_identity_files(),
+    *(f"results/workloads/{workload}/manifest.json" for workload in WORKLOADS),
+    f"results/{EXPERIMENT}/host.json",
+    *run_metrics_files(),
+    *final_outputs(),
+]
 
 
 rule measure_harness:
@@ -57,7 +54,7 @@ rule measure_harness:
             "client": config["client"],
             "monitors": config["monitors"],
             "snakemake_metadata": ".snakemake/metadata",
-            "study_outputs": study_job_outputs(),
+            "study_outputs": STUDY_JOB_OUTPUTS,
             "study_run_directories": [
                 run_directory(arm, run) for arm, run in arm_runs()
             ],

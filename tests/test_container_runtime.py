@@ -33,6 +33,7 @@ from serving_study.container_runtime import (
     shared_memory_bytes,
 )
 from serving_study.engine.preprocess import preprocess_image
+from serving_study.host import unmet_needs
 from serving_study.images import (
     EMBEDDED_PYTHON,
     EMBEDDED_VARIANT_ROOT,
@@ -186,6 +187,20 @@ def test_container_options_from_config(tmp_path):
     assert container_options(fixed, "sglang", 16, manifest)["gpus"] == "all"
     shared = EMBEDDED_SETTINGS | {"ipc_host": True}
     assert container_options(shared, "embedded", 16, manifest)["shm_size"] is None
+
+
+def test_preflight_refuses_a_quota_docker_cannot_give():
+    host = {
+        "cpu_count": 2,
+        "shared_memory_free_mib": 10_000,
+        "gpu": {"gpus": [], "reason": "no NVIDIA driver"},
+        "container_runtimes": {"docker": {"installed": True, "engine_reachable": True}},
+    }
+    docker_engine = {"engine": "embedded", "runtime": "docker"}
+    arms = [{"name": "A", "cpu_quota": 13.6}, {"name": "B", "cpu_quota": "none"}]
+    (need,) = unmet_needs(host, docker_engine, arms)
+    assert "may not exceed this host's 2 CPUs" in need and "13.6" in need
+    assert unmet_needs(host, docker_engine, [{"name": "A", "cpu_quota": 2}]) == []
 
 
 def test_quota_text_as_read_inside():

@@ -158,6 +158,9 @@ def test_releases_table_marks_the_first_change_of_each_figure():
     assert throughput["verdict"].tolist()[1:] == [NO_CHANGE, CHANGED, NO_CHANGE]
     assert first_change(releases, "throughput_rps")["release"] == "0.5.11"
     assert first_change(releases, "main_cpu_percent")["release"] == "0.5.12"
+    assert (
+        throughput["block_ratios"].tolist()[2] == "run1 0.754; run2 0.787; run3 0.791"
+    )
     sentence = describe_first_change(releases, "throughput_rps")
     assert sentence == (
         "throughput first changed in 0.5.11: 0.775x the median of 0.5.10, ranges "

@@ -278,3 +278,14 @@ def test_a_local_path_is_copied_afresh_each_time(tmp_path):
     fetch_source(record, tmp_path / "out")
 
     assert (tmp_path / "out/python/sglang/__init__.py").read_text() == "version = 2\n"
+
+
+def test_a_relative_destination_works_for_a_git_source(upstream, tmp_path, monkeypatch):
+    repository, (first, _) = upstream
+    record = {"name": "fake", "git": {"url": str(repository), "commit": first}}
+    monkeypatch.chdir(tmp_path)
+
+    identity = fetch_source(record, Path("sources") / "fake")
+
+    assert identity["commit"] == first
+    assert (tmp_path / "sources" / "fake" / "python" / "sglang").is_dir()

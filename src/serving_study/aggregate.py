@@ -86,6 +86,7 @@ def tables_from_metrics(records: list[dict], config: dict) -> dict[str, pd.DataF
     if config.get("release_series"):
         tables[RELEASE_TABLE] = releases_table(
             arms,
+            runs,
             release_labels(config),
             ChangeCriterion.from_config(config.get("change_criterion")),
         )

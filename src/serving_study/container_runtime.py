@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-from serving_study.cgroups import CpuGroup, group_of_pid
+from serving_study.cgroups import CpuGroup, QuotaUnavailable, group_of_pid
 from serving_study.host import feature_bytes
 
 log = logging.getLogger(__name__)
@@ -313,7 +313,12 @@ class ContainerServer:
         if state.get("Pid"):
             self._init_pid = state["Pid"]
             self.known_pids.add(self._init_pid)
-            self.group = group_of_pid(self._init_pid)
+            try:
+                self.group = group_of_pid(self._init_pid)
+            except QuotaUnavailable:
+                # Exited already: exit_code() tells, and there is nothing to read.
+                if psutil.pid_exists(self._init_pid):
+                    raise
         log.info(
             "container %s (%s) started, init pid %s, quota %s cores%s",
             self.name,

@@ -63,6 +63,10 @@ from serving_study.zero_work_server import MODEL as ZERO_WORK_MODEL
 OUTPUT_TOKENS = 32  # the study's output length; the zero-work server sends them at once
 BYTES_PER_GB = 1e9
 MEMCPY_SEGMENT_PREFIX = "harness_memcpy_"  # + creator pid: segments of the memcpy runs
+# Client, zero-work server and copies run at this niceness (when allowed: root), so
+# that what other processes do on a shared host enters their figures as little as
+# possible. The real arm runs at the default niceness, as the study's arms do.
+BENCHMARK_NICENESS = -10
 
 # The goals of the harness (issue 7): each figure and the bound it must meet.
 GOALS = {
@@ -135,6 +139,21 @@ def host_load_between(before: CpuReading, after: CpuReading) -> dict:
 
 
 @contextlib.contextmanager
+def raised_priority(niceness: int = BENCHMARK_NICENESS) -> Iterator[bool]:
+    """Run the calling thread at `niceness`, then restore; yields whether it could."""
+    previous = os.getpriority(os.PRIO_PROCESS, 0)  # on Linux: this thread's
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, niceness)
+    except PermissionError:
+        yield False
+        return
+    try:
+        yield True
+    finally:
+        os.setpriority(os.PRIO_PROCESS, 0, previous)
+
+
+@contextlib.contextmanager
 def pinned_to(cpu: int) -> Iterator[None]:
     """Run the calling thread (and threads it starts) on one CPU, then restore."""
     previous = os.sched_getaffinity(0)
@@ -157,7 +176,9 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def zero_work_server(cpu: int | None, tokens: int = OUTPUT_TOKENS) -> Iterator:
+def zero_work_server(
+    cpu: int | None, tokens: int = OUTPUT_TOKENS, niceness: int | None = None
+) -> Iterator:
     """Start `serving_study.zero_work_server` (pinned to `cpu`) and stop it after."""
     port = free_port()
     argv = [sys.executable, "-m", "serving_study.zero_work_server"]
@@ -167,6 +188,9 @@ def zero_work_server(cpu: int | None, tokens: int = OUTPUT_TOKENS) -> Iterator:
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     base_url = f"http://127.0.0.1:{port}"
     try:
+        if niceness is not None:
+            with contextlib.suppress(psutil.AccessDenied):
+                psutil.Process(process.pid).nice(niceness)
         wait_until_healthy(base_url, 60, process=process, poll_s=0.05)
         yield RunningServer(base_url, "127.0.0.1", port, psutil.Process(process.pid))
     finally:
@@ -343,9 +367,12 @@ def measure_ttft_overhead(
     warmup = max(1, requests_per_round // 10)
     raw: list[float] = []
     harness: list[float] = []
+    per_round: list[float] = []
+    client = psutil.Process()
+    before = read_cpu([client, server.process])
     with pinned_to(client_cpu):
         for round_number in range(rounds):
-            raw += raw_socket_ttfts(server, bodies, requests_per_round, warmup)
+            round_raw = raw_socket_ttfts(server, bodies, requests_per_round, warmup)
             log_path = out_dir / f"ttft-round{round_number + 1}.jsonl"
             asyncio.run(
                 run_load(
@@ -360,20 +387,28 @@ def measure_ttft_overhead(
                     progress=False,
                 )
             )
-            harness += [
+            round_harness = [
                 record["ttft_ms"]
                 for record in read_request_log(log_path)
                 if record["phase"] == "measured" and record["ttft_ms"] is not None
             ]
+            raw += round_raw
+            harness += round_harness
+            per_round.append(percentile(round_harness, 50) - percentile(round_raw, 50))
+    after = read_cpu([client, server.process])
     raw_p50, harness_p50 = percentile(raw, 50), percentile(harness, 50)
     return {
         "client_ttft_overhead_ms_p50": round(harness_p50 - raw_p50, 3),
+        # The same difference within each round, then its median: less sensitive to
+        # the host's load changing between rounds.
+        "overhead_ms_median_of_rounds": round(statistics.median(per_round), 3),
         "client_ttft_ms_p50": round(harness_p50, 3),
         "raw_socket_ttft_ms_p50": round(raw_p50, 3),
         "client_ttft_ms_p90": round(percentile(harness, 90), 3),
         "raw_socket_ttft_ms_p90": round(percentile(raw, 90), 3),
         "requests_each": len(raw),
         "rounds": rounds,
+        **host_load_between(before, after),
     }
 
 
@@ -555,7 +590,11 @@ def _wait_for_tree(server: LocalServer, main_threads: int, timeout_s: float = 30
 
 
 def measure_shm_copy(
-    variants: dict[str, Path], rows: list[int], columns: int, repeats: int
+    variants: dict[str, Path],
+    rows: list[int],
+    columns: int,
+    repeats: int,
+    niceness: int | None = None,
 ) -> dict:
     """Run `shm_copy_figures` in a fresh process with the server's default threads.
 
@@ -564,6 +603,8 @@ def measure_shm_copy(
     visible CPUs; the measuring process is started the same way.
     """
     command = [sys.executable, "-m", "serving_study.harness_benchmarks", "shm-copy"]
+    if niceness is not None:
+        command += ["--niceness", str(niceness)]
     command += ["--columns", str(columns), "--repeats", str(repeats), "--rows"]
     command += [str(count) for count in rows]
     for name, root in variants.items():
@@ -640,26 +681,34 @@ def shm_copy_figures(
             "memcpy_prefaulted": prefaulted_memcpy,
         }
         seconds: dict[str, list[float]] = {name: [] for name in copies}
+        cpu_seconds: dict[str, list[float]] = {name: [] for name in copies}
         names = list(copies)
         for repeat in range(repeats + 1):  # the first round warms up
             # A different order each round, so that no copy always follows another.
             shift = repeat % len(names)
             for name in names[shift:] + names[:shift]:
-                started = time.perf_counter()
+                started, cpu_started = time.perf_counter(), time.process_time()
                 copies[name]()
                 if repeat:
                     seconds[name].append(time.perf_counter() - started)
+                    cpu_seconds[name].append(time.process_time() - cpu_started)
         prefaulted.close()
+
         results[str(row_count)] = {
             "shape": [row_count, columns],
             "bytes": nbytes,
             "gbps_best": {
-                name: round(nbytes / min(times) / BYTES_PER_GB, 3)
-                for name, times in seconds.items()
+                name: _gbps(nbytes, min(times)) for name, times in seconds.items()
             },
             "gbps_median": {
-                name: round(nbytes / statistics.median(times) / BYTES_PER_GB, 3)
+                name: _gbps(nbytes, statistics.median(times))
                 for name, times in seconds.items()
+            },
+            # Bytes per CPU second of this process (all its threads): the cost of
+            # the copy whatever else the host ran meanwhile.
+            "gbps_per_cpu_second_median": {
+                name: _gbps(nbytes, statistics.median(times))
+                for name, times in cpu_seconds.items()
             },
         }
     return {
@@ -672,6 +721,10 @@ def shm_copy_figures(
         "repeats": repeats,
         "sizes": results,
     }
+
+
+def _gbps(nbytes: int, seconds: float) -> float | None:
+    return round(nbytes / seconds / BYTES_PER_GB, 3) if seconds > 0 else None
 
 
 def _address_of(buffer: mmap.mmap) -> int:
@@ -1041,7 +1094,13 @@ def run_benchmarks(settings: dict, out_dir: Path) -> dict:
     report: dict = {"host": describe_benchmark_host(client_cpu, server_cpu)}
     chat_requests = load_requests(Path(settings["workload_manifest"]))
 
-    with zero_work_server(server_cpu) as server:
+    with (
+        raised_priority() as raised,
+        zero_work_server(server_cpu, niceness=BENCHMARK_NICENESS) as server,
+    ):
+        report["host"]["client_and_zero_work_server_niceness"] = (
+            BENCHMARK_NICENESS if raised else os.getpriority(os.PRIO_PROCESS, 0)
+        )
         report["client_rate"] = measure_client_rate(
             chat_requests,
             server,
@@ -1080,6 +1139,7 @@ def run_benchmarks(settings: dict, out_dir: Path) -> dict:
             sorted(set(settings["shm_rows_per_image_size"].values())),
             settings["shm_columns"],
             settings["shm_repeats"],
+            niceness=BENCHMARK_NICENESS,
         ),
         settings["shm_rows_per_image_size"],
     )
@@ -1136,7 +1196,12 @@ def main(argv: list[str] | None = None) -> int:
     shm.add_argument("--rows", type=int, nargs="+", required=True)
     shm.add_argument("--columns", type=int, default=1536)
     shm.add_argument("--repeats", type=int, default=10)
+    shm.add_argument("--niceness", type=int, help="run at this niceness if allowed")
     arguments = parser.parse_args(argv)
+    if arguments.niceness is not None:
+        # Threads started later (torch's OpenMP pool) inherit it.
+        with contextlib.suppress(PermissionError):
+            os.setpriority(os.PRIO_PROCESS, 0, arguments.niceness)
     variants = dict(item.split("=", 1) for item in arguments.variant)
     figures = shm_copy_figures(
         {name: Path(root) for name, root in variants.items()},

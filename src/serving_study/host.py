@@ -278,4 +278,12 @@ def unmet_needs(
                 f"answer ('{engine['runtime']} info' fails); start it or set "
                 "runtime: local"
             )
+        largest_quota = max((quota_cores(arm) or 0 for arm in arms), default=0)
+        cpus = host.get("cpu_count")
+        if cpus and largest_quota > cpus:
+            needs.append(
+                f"runtime '{engine['runtime']}' gives each arm its quota as --cpus, "
+                f"which may not exceed this host's {cpus} CPUs, but an arm asks for "
+                f"{largest_quota:g}; lower its cpu_quota or use a larger host"
+            )
     return needs

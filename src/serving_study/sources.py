@@ -71,7 +71,10 @@ def fetch_source(record: dict, dest: Path, download_dir: Path | None = None) -> 
     cache of downloaded wheels: a compatible wheel found there is used without the
     network, and a freshly downloaded one is stored there.
     """
-    dest = Path(dest)
+    # Absolute: git and pip run in temporary folders of their own.
+    dest = Path(dest).absolute()
+    if download_dir is not None:
+        download_dir = Path(download_dir).absolute()
     cached = read_identity(dest)
     if cached is not None and cached.get("record") == record and "path" not in record:
         return cached
