@@ -44,6 +44,7 @@ rule aggregate:
         claims="results/{experiment}/tables/claims.csv",
     log:
         "results/logs/aggregate/{experiment}.log",
+    localrule: True
     conda:
         "../envs/workflow.yaml"
     params:
@@ -117,6 +118,7 @@ rule report_html:
         ),
     log:
         "results/logs/report_html/{experiment}.log",
+    localrule: True
     conda:
         "../envs/workflow.yaml"
     params:

@@ -9,6 +9,7 @@ rule launch_commands:
         commands="results/{experiment}/commands/{arm}.json",
     log:
         "results/logs/launch_commands/{experiment}/{arm}.log",
+    localrule: True
     conda:
         "../envs/workflow.yaml"
     params:

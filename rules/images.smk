@@ -13,6 +13,7 @@ rule wheelhouse:
         messages="results/logs/wheelhouse/messages.log",
         pip="results/logs/wheelhouse/pip.log",
     retries: 1
+    localrule: True
     conda:
         "../envs/workflow.yaml"
     params:

@@ -9,6 +9,7 @@ rule model:
     log:
         "results/logs/model/{model}.log",
     retries: 1
+    localrule: True
     conda:
         "../envs/workflow.yaml"
     params:

@@ -1,5 +1,8 @@
 # Preflight: describe the host (CPUs, quota, intra-op threads, GPU, runtimes, free
 # /dev/shm) and stop early when the experiment needs what the host lacks.
+# Not a local rule: on a cluster the host that matters is the node the arms run on,
+# whose GPU and visible CPUs a login node does not share, so profiles/slurm gives
+# the preflight the same SLURM request as run_arm.
 
 
 rule preflight:

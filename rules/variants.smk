@@ -11,6 +11,7 @@ rule fetch_source:
     log:
         "results/logs/fetch_source/{source}.log",
     retries: 1
+    localrule: True
     conda:
         "../envs/workflow.yaml"
     params:
@@ -29,6 +30,7 @@ rule prepare_variant:
         tree=directory("results/variants/{variant}/source"),
     log:
         "results/logs/prepare_variant/{variant}.log",
+    localrule: True
     conda:
         "../envs/workflow.yaml"
     params:

@@ -5,7 +5,8 @@ images relative to the manifest's directory. `load_requests` reads and checks ev
 image and pre-encodes its chat message (base64 data URL) once; `run_load` turns them
 into complete request bodies before the clock starts, then keeps exactly
 `concurrency` streaming requests in flight: warm-up requests first, then the measured
-ones, with no pause between them so the server stays at the same load.
+ones, with no pause between them so the server stays at the same load. Requests go
+over kept-alive HTTP/1.1 connections, one per slot (`http1.py`).
 
 Per request it writes one JSON line:
     index, phase ("warmup"|"measured"), image_file,
@@ -33,13 +34,15 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import aiohttp
 import requests
+
+from serving_study import http1
 
 IMAGE_MEDIA_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "jpg": "image/jpeg"}
 LOOP_LAG_TICK_S = 0.02
 PROGRESS_EVERY_S = 0.5
 STREAM_END_WAIT_S = 1.0  # after [DONE], for the body's end
+JSON = "application/json"
 
 
 class ServerNeverHealthy(RuntimeError):
@@ -160,23 +163,24 @@ class _Outcome:
 
 
 async def _stream_chat(
-    session: aiohttp.ClientSession, url: str, body: bytes, outcome: _Outcome
+    connections: http1.Connections, request: bytes, outcome: _Outcome
 ) -> None:
-    """Send one request and read its SSE stream to [DONE], filling `outcome`.
+    """Send one prepared request and read its SSE stream to [DONE], filling `outcome`.
 
     Only the events up to the first token are decoded on the way; later ones are
     kept as bytes and decoded at [DONE] only as far as needed (usage normally sits
     in the last one), which keeps the client's CPU per request low.
     """
-    async with session.post(url, data=body) as response:
+    response = await http1.send(connections, request)
+    try:
         outcome.status = response.status
         if response.status != 200:
-            text = await response.text(errors="replace")
+            text = (await response.read_all()).decode(errors="replace")
             outcome.error = f"HTTP {response.status}: {text[:300]}"
             return
         after_first_token: list[bytes] = []
         pending = b""
-        async for data in response.content.iter_any():
+        async for data in response.body():
             pending += data
             if b"\r" in pending:
                 pending = pending.replace(b"\r\n", b"\n")
@@ -187,7 +191,8 @@ async def _stream_chat(
                     continue
                 if payload == b"[DONE]":
                     _finish(outcome, after_first_token)
-                    await _read_to_end(response)
+                    # The body's end follows; read it so the connection is reused.
+                    await response.finish(STREAM_END_WAIT_S)
                     return
                 if outcome.first_token_at is not None and b'"error"' not in payload:
                     after_first_token.append(payload)
@@ -200,21 +205,8 @@ async def _stream_chat(
                     outcome.first_token_at = time.monotonic()
                     after_first_token.append(payload)
         outcome.error = "stream ended before [DONE]"
-
-
-async def _read_to_end(response: aiohttp.ClientResponse) -> None:
-    """Read what follows [DONE] (the body's last chunk), so the connection is reused.
-
-    aiohttp closes a connection whose response was released unread, and the next
-    request then pays a TCP connect inside its TTFT. The server ends the body right
-    after [DONE]; one that does not is given a moment, then left to be closed.
-    """
-    if response.content.is_eof():
-        return
-    try:
-        await asyncio.wait_for(response.content.read(), STREAM_END_WAIT_S)
-    except TimeoutError:
-        pass
+    finally:
+        await connections.release(response)
 
 
 def _finish(outcome: _Outcome, after_first_token: list[bytes]) -> None:
@@ -291,20 +283,17 @@ async def run_load(
     if not requests:
         raise ValueError("No requests to send: the workload is empty.")
     total = warmup_requests + measured_requests
-    bodies = [r.body(model=model, output_tokens=output_tokens) for r in requests]
-    url = base_url.rstrip("/") + "/v1/chat/completions"
+    endpoint = http1.Endpoint.from_url(base_url.rstrip("/") + "/v1/chat/completions")
+    prepared = [
+        http1.prepare_post(
+            endpoint, r.body(model=model, output_tokens=output_tokens), JSON
+        )
+        for r in requests
+    ]
     records: list[dict | None] = [None] * total
     state = _Progress(total=total)
 
-    connector = aiohttp.TCPConnector(limit=concurrency, limit_per_host=concurrency)
-    timeout = aiohttp.ClientTimeout(total=request_timeout_s)
-    session = aiohttp.ClientSession(
-        connector=connector,
-        timeout=timeout,
-        headers={"Content-Type": "application/json"},
-        auto_decompress=False,
-        read_bufsize=2**18,
-    )
+    connections = http1.Connections(endpoint)
     free_slots = asyncio.Semaphore(concurrency)
     slot_freed_at: collections.deque[float] = collections.deque()
     show_progress = progress and sys.stderr.isatty()
@@ -318,7 +307,10 @@ async def run_load(
         sent_at = time.monotonic()
         outcome = _Outcome()
         try:
-            await _stream_chat(session, url, bodies[index % len(bodies)], outcome)
+            async with asyncio.timeout(request_timeout_s):
+                await _stream_chat(
+                    connections, prepared[index % len(prepared)], outcome
+                )
         except Exception as error:  # recorded per request: connection, payload, JSON
             outcome.error = f"{type(error).__name__}: {error}"[:300]
         ended_at = time.monotonic()
@@ -373,7 +365,7 @@ async def run_load(
         for task in tasks:
             task.cancel()
         await asyncio.gather(watcher, *tasks, return_exceptions=True)
-        await session.close()
+        connections.close()
         _write_records(out_path, records)
         if show_progress:
             _draw_progress(state, warmup_requests)

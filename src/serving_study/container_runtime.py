@@ -23,6 +23,7 @@ import math
 import os
 import re
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
@@ -103,7 +104,8 @@ def gpu_options(runtime: str, gpus: str | None) -> list[str]:
     if not gpus or gpus == "none":
         return []
     if runtime == "docker":
-        return ["--gpus", gpus]
+        # docker reads --gpus as CSV: a device list must be one quoted field.
+        return ["--gpus", f'"{gpus}"' if "," in gpus else gpus]
     devices = ["all"] if gpus == "all" else gpus.removeprefix("device=").split(",")
     return [
         option
@@ -129,7 +131,7 @@ def run_command(
     shm_size: str | None,
     ipc_host: bool = False,
     gpus: str | None = None,
-    read_only_mounts: list[tuple[str, str]] = (),
+    read_only_mounts: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
     """``docker run --detach`` (or ``podman run``) of ``command`` in ``image``.
 
@@ -230,7 +232,7 @@ class ContainerServer:
         shm_size: str | None = None,
         ipc_host: bool = False,
         gpus: str | None = None,
-        read_only_mounts: list[tuple[str, str]] = (),
+        read_only_mounts: Sequence[tuple[str, str]] = (),
     ):
         self.argv = argv
         self.environment = dict(environment)
@@ -300,6 +302,13 @@ class ContainerServer:
             log.error("%s run failed: %s", self.runtime, finished.stderr.strip())
             return
         self.container_id = finished.stdout.strip().splitlines()[-1]
+        try:
+            self._watch_started_container()
+        except BaseException:
+            self.stop()  # started, never handed over: leave nothing behind
+            raise
+
+    def _watch_started_container(self) -> None:
         with open(self.log_path, "ab") as server_log:
             # Follows the logs until the container stops, so it also tells (cheaply)
             # whether the container still runs.
@@ -442,7 +451,10 @@ class ContainerServer:
         )
         if finished.returncode != 0:
             log.warning("%s stop failed: %s", self.runtime, finished.stderr.strip())
-        self.exit_code()
+        # Ask the runtime, not the log follower, which may lag behind the stop.
+        state = self._state()
+        if state is not None and not state.get("Running"):
+            self._exit_code = state.get("ExitCode")
 
     def _sweep_segments(self, shared_memory: int) -> None:
         """Remove SGLang segments the container's processes left (names recorded).
@@ -467,9 +479,11 @@ class ContainerServer:
             )
 
     def _remove_container(self) -> None:
-        if self.container_id is None:
-            return
-        finished = self._runtime("rm", "--force", "--volumes", self.container_id)
+        if self.container_id is None and self._exit_code is not None:
+            return  # the runtime refused to create it
+        # By name when the start was interrupted before the id came back.
+        container = self.container_id or self.name
+        finished = self._runtime("rm", "--force", "--volumes", container)
         if finished.returncode != 0 and "no such container" not in (
             finished.stderr.lower()
         ):

@@ -29,6 +29,7 @@ import base64
 import contextlib
 import ctypes
 import json
+import logging
 import mmap
 import os
 import platform
@@ -46,9 +47,10 @@ from pathlib import Path
 
 import psutil
 
-from serving_study import host
+from serving_study import host, http1
 from serving_study.arm_runner import RunPaths, run_arm
 from serving_study.client import (
+    JSON,
     ChatRequest,
     load_requests,
     run_load,
@@ -59,6 +61,8 @@ from serving_study.monitors import RunMonitors, find_server_processes
 from serving_study.run_metrics import percentile, read_request_log, summarize_run
 from serving_study.server_environment import server_environment
 from serving_study.zero_work_server import MODEL as ZERO_WORK_MODEL
+
+log = logging.getLogger(__name__)
 
 OUTPUT_TOKENS = 32  # the study's output length; the zero-work server sends them at once
 BYTES_PER_GB = 1e9
@@ -107,18 +111,20 @@ def client_and_server_cpus() -> tuple[int, int]:
 
 @dataclass(frozen=True)
 class CpuReading:
-    """Host-wide busy CPU seconds and the CPU seconds of chosen processes, at once."""
+    """Host-wide busy CPU seconds and the CPU seconds of our processes, at once."""
 
     at: float
     host_busy_seconds: float
-    own_seconds: float
+    own_seconds: float | None  # None: our processes are not all known
 
 
-def read_cpu(processes: list[psutil.Process]) -> CpuReading:
+def read_cpu(own_processes: list[psutil.Process] | None = None) -> CpuReading:
     times = psutil.cpu_times()
     busy = times.user + times.nice + times.system + times.irq + times.softirq
+    if own_processes is None:
+        return CpuReading(time.monotonic(), busy, None)
     own = 0.0
-    for process in processes:
+    for process in own_processes:
         with contextlib.suppress(psutil.Error):
             process_times = process.cpu_times()
             own += process_times.user + process_times.system
@@ -126,16 +132,16 @@ def read_cpu(processes: list[psutil.Process]) -> CpuReading:
 
 
 def host_load_between(before: CpuReading, after: CpuReading) -> dict:
-    """Cores the whole host kept busy, and how many of them others used."""
+    """Cores the whole host kept busy, and how many of them other processes used."""
     wall = after.at - before.at
     if wall <= 0:
-        return {"host_busy_cores": None, "other_processes_cores": None}
+        return {"host_busy_cores": None}
     busy = (after.host_busy_seconds - before.host_busy_seconds) / wall
-    own = (after.own_seconds - before.own_seconds) / wall
-    return {
-        "host_busy_cores": round(busy, 3),
-        "other_processes_cores": round(max(0.0, busy - own), 3),
-    }
+    load = {"host_busy_cores": round(busy, 3)}
+    if before.own_seconds is not None and after.own_seconds is not None:
+        own = (after.own_seconds - before.own_seconds) / wall
+        load["other_processes_cores"] = round(max(0.0, busy - own), 3)
+    return load
 
 
 @contextlib.contextmanager
@@ -319,11 +325,9 @@ def raw_socket_ttfts(
     event whose content is not empty, found by a byte search as the bytes arrive;
     the response is read to its last chunk before the next request goes.
     """
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: {server.host}:{server.port}\r\n"
-        "Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
-    )
-    messages = [head.format(length=len(body)).encode() + body for body in bodies]
+    endpoint = http1.Endpoint.from_url(f"{server.base_url}/v1/chat/completions")
+    # The very bytes the load client sends.
+    messages = [http1.prepare_post(endpoint, body, JSON) for body in bodies]
     ttfts = []
     with socket.create_connection((server.host, server.port)) as connection:
         connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -543,13 +547,13 @@ def measure_monitor_cpu(
         )
         try:
             monitors.discover()
-            before = read_cpu([])
+            before = read_cpu([psutil.Process(), *_tree(server.pid)])
             cpu_before = time.process_time()
             monitors.start_window()
             time.sleep(window_s)
             figures = monitors.stop_window()
             cpu_used = time.process_time() - cpu_before
-            after = read_cpu([])
+            after = read_cpu([psutil.Process(), *_tree(server.pid)])
         finally:
             monitors.stop()
     finally:
@@ -570,6 +574,11 @@ def measure_monitor_cpu(
         "gpu": figures["gpu_unavailable_reason"] or "sampled",
         **host_load_between(before, after),
     }
+
+
+def _tree(pid: int) -> list[psutil.Process]:
+    root = psutil.Process(pid)
+    return [root, *root.children(recursive=True)]
 
 
 def _wait_for_tree(server: LocalServer, main_threads: int, timeout_s: float = 30):
@@ -609,6 +618,7 @@ def measure_shm_copy(
     command += [str(count) for count in rows]
     for name, root in variants.items():
         command += ["--variant", f"{name}={root}"]
+    before = read_cpu()
     finished = subprocess.run(
         command,
         env=server_environment(os.environ, {}),
@@ -618,7 +628,7 @@ def measure_shm_copy(
     )
     if finished.returncode != 0:
         raise RuntimeError(f"the shm-copy benchmark failed:\n{finished.stderr[-3000:]}")
-    return json.loads(finished.stdout)
+    return {**json.loads(finished.stdout), **host_load_between(before, read_cpu())}
 
 
 def shm_copy_figures(
@@ -681,17 +691,15 @@ def shm_copy_figures(
             "memcpy_prefaulted": prefaulted_memcpy,
         }
         seconds: dict[str, list[float]] = {name: [] for name in copies}
-        cpu_seconds: dict[str, list[float]] = {name: [] for name in copies}
         names = list(copies)
         for repeat in range(repeats + 1):  # the first round warms up
             # A different order each round, so that no copy always follows another.
             shift = repeat % len(names)
             for name in names[shift:] + names[:shift]:
-                started, cpu_started = time.perf_counter(), time.process_time()
+                started = time.perf_counter()
                 copies[name]()
                 if repeat:
                     seconds[name].append(time.perf_counter() - started)
-                    cpu_seconds[name].append(time.process_time() - cpu_started)
         prefaulted.close()
 
         results[str(row_count)] = {
@@ -703,12 +711,6 @@ def shm_copy_figures(
             "gbps_median": {
                 name: _gbps(nbytes, statistics.median(times))
                 for name, times in seconds.items()
-            },
-            # Bytes per CPU second of this process (all its threads): the cost of
-            # the copy whatever else the host ran meanwhile.
-            "gbps_per_cpu_second_median": {
-                name: _gbps(nbytes, statistics.median(times))
-                for name, times in cpu_seconds.items()
             },
         }
     return {
@@ -786,6 +788,7 @@ def summarize_shm_copy(figures: dict, image_sizes: dict[str, int]) -> dict:
         "shm_copy_patched_to_memcpy_ratio": min(patched.values()) if patched else None,
         "torch_threads": figures["torch_threads"],
         "torch_import_s": figures["torch_import_s"],
+        "host_busy_cores": figures.get("host_busy_cores"),
         "rows_per_image_size": image_sizes,
         "raw": figures,
     }
@@ -898,7 +901,7 @@ def measure_arm_overhead(
         provenance=out_dir / "provenance.json",
         server_log=out_dir / "server.log",
     )
-    before = read_cpu([])
+    before = read_cpu()
     launched = time.time()
     metrics = run_arm(
         experiment="harness-benchmark",
@@ -912,7 +915,7 @@ def measure_arm_overhead(
         paths=paths,
     )
     returned = time.time()
-    after = read_cpu([])
+    after = read_cpu()
     provenance = json.loads(paths.provenance.read_text())
     wall, measured = provenance["wall_s"], metrics["measured_seconds"]
     overhead = wall - measured if measured else None
@@ -1101,6 +1104,7 @@ def run_benchmarks(settings: dict, out_dir: Path) -> dict:
         report["host"]["client_and_zero_work_server_niceness"] = (
             BENCHMARK_NICENESS if raised else os.getpriority(os.PRIO_PROCESS, 0)
         )
+        log.info("client rate against the zero-work server")
         report["client_rate"] = measure_client_rate(
             chat_requests,
             server,
@@ -1110,6 +1114,7 @@ def run_benchmarks(settings: dict, out_dir: Path) -> dict:
             study_peak_rps=settings["study_peak_rps"],
             out_dir=out_dir,
         )
+        log.info("client TTFT overhead against a raw socket")
         report["client_ttft"] = measure_ttft_overhead(
             chat_requests,
             server,
@@ -1118,6 +1123,7 @@ def run_benchmarks(settings: dict, out_dir: Path) -> dict:
             rounds=settings["ttft_rounds"],
             out_dir=out_dir,
         )
+        log.info("a lagging client's run")
         report["dispatch_lag"] = check_dispatch_lag_invalidation(
             chat_requests,
             server,
@@ -1125,6 +1131,7 @@ def run_benchmarks(settings: dict, out_dir: Path) -> dict:
             allowed_ms=settings["client"]["max_dispatch_lag_ms"],
             out_dir=out_dir / "dispatch-lag",
         )
+    log.info("monitors' CPU over %s s", settings["monitor_window_s"])
     report["monitors"] = measure_monitor_cpu(
         window_s=settings["monitor_window_s"],
         threads=settings["monitor_tree_threads"],
@@ -1133,6 +1140,7 @@ def run_benchmarks(settings: dict, out_dir: Path) -> dict:
         group_name=f"harness-benchmark-monitors-{os.getpid()}",
         log_path=out_dir / "monitor-tree.log",
     )
+    log.info("shared-memory copies beside memcpy")
     report["shm_copy"] = summarize_shm_copy(
         measure_shm_copy(
             {name: Path(root) for name, root in settings["variant_roots"].items()},
@@ -1143,6 +1151,7 @@ def run_benchmarks(settings: dict, out_dir: Path) -> dict:
         ),
         settings["shm_rows_per_image_size"],
     )
+    log.info("one real arm")
     report["arm"] = measure_arm_overhead(
         arm=settings["arm"],
         variant=settings["arm_variant"],

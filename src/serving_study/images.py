@@ -169,6 +169,8 @@ def build_command(
     """
     command = [runtime, "build", "--file", str(Path(context) / "Dockerfile")]
     command += ["--tag", tag, "--iidfile", str(image_id_file)]
+    # A failed RUN's container would otherwise stay behind (Docker's legacy builder).
+    command.append("--force-rm")
     if network_host:
         command.append("--network=host")
     for name, value in sorted(arguments.items()):

@@ -1,0 +1,178 @@
+"""The SLURM profile: what it asks SLURM for, which jobs leave the host, and a real run.
+
+Without a cluster, Snakemake plans the smallest study with profiles/slurm through
+snakemake-executor-plugin-slurm, and its parsed workflow says which rules run where
+Snakemake runs. With RUN_SLURM_TESTS=1 (root, Debian), tests/slurm/run_study_on_slurm.sh
+starts a real one-node SLURM here and runs the study through it.
+"""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+PROFILE = ROOT / "profiles" / "slurm"
+CONFIG = ROOT / "config" / "test" / "config.yaml"
+PLUGIN = "snakemake-executor-plugin-slurm"
+RUN_ON_SLURM = ROOT / "tests" / "slurm" / "run_study_on_slurm.sh"
+# The rules whose jobs measure on the node they run on: each is a SLURM job.
+MEASURING_RULES = {"preflight", "run_arm", "measure_harness", "bisect_commits"}
+
+
+def plugin_installed() -> bool:
+    shown = subprocess.run(
+        [sys.executable, "-m", "pip", "show", "--quiet", PLUGIN],
+        capture_output=True,
+    )
+    return shown.returncode == 0
+
+
+needs_plugin = pytest.mark.skipif(
+    not plugin_installed(),
+    reason=f"{PLUGIN} is not installed: pip install -r requirements.txt",
+)
+
+
+def profile() -> dict:
+    return yaml.safe_load((PROFILE / "profile.yaml").read_text())
+
+
+def test_profile_submits_to_slurm_with_a_request_for_every_job():
+    settings = profile()
+    assert settings["executor"] == "slurm"
+    assert {"slurm_partition", "runtime", "mem_mb"} <= set(
+        settings["default-resources"]
+    )
+    requests = settings["set-resources"]
+    assert set(requests) == MEASURING_RULES
+    arm = requests["run_arm"]
+    assert {"gpu", "cpus_per_task", "runtime", "mem_mb"} <= set(arm)
+    assert "--exclusive" in arm["slurm_extra"]
+    for rule in MEASURING_RULES:
+        # Same node kind, same view of its CPUs and GPU as an arm's.
+        for resource in ("gpu", "cpus_per_task", "slurm_extra"):
+            assert requests[rule][resource] == arm[resource], (rule, resource)
+
+
+def planned_jobs(workdir: Path) -> str:
+    finished = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "snakemake",
+            "all",
+            "--dry-run",
+            "--snakefile",
+            str(ROOT / "Snakefile"),
+            "--directory",
+            str(workdir),
+            "--workflow-profile",
+            str(PROFILE),
+            "--configfile",
+            str(CONFIG),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={name: value for name, value in os.environ.items() if name != "SLURM_CONF"},
+    )
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    return finished.stdout
+
+
+def job_resources(plan: str) -> dict[str, list[str]]:
+    """Each planned rule's `resources:` lines, from a dry run's job listing."""
+    resources: dict[str, list[str]] = {}
+    for block in re.split(r"\n(?=rule )", plan):
+        name = re.match(r"rule (\w+):", block)
+        line = re.search(r"^\s+resources: (.*)$", block, re.M)
+        if name and line:
+            resources.setdefault(name.group(1), []).append(line.group(1))
+    return resources
+
+
+# Snakemake's dry run cannot say which jobs would leave the host (it leaves the
+# executor out of its listing), so the rule flags come from its parsed workflow.
+LOCAL_RULES_SCRIPT = """
+import json, sys
+from pathlib import Path
+from snakemake.api import SnakemakeApi
+from snakemake.settings.types import ConfigSettings, OutputSettings, ResourceSettings
+
+root, config, workdir = map(Path, sys.argv[1:4])
+with SnakemakeApi(OutputSettings()) as api:
+    workflow = api.workflow(
+        resource_settings=ResourceSettings(),
+        config_settings=ConfigSettings(configfiles=[config]),
+        snakefile=root / "Snakefile",
+        workdir=workdir,
+    )._workflow
+    local = {
+        rule.name: rule.name in workflow._localrules or rule.norun
+        for rule in workflow.rules
+    }
+print("LOCAL_RULES " + json.dumps(local))
+"""
+
+
+def rules_run_where_snakemake_runs(workdir: Path) -> dict[str, bool]:
+    finished = subprocess.run(
+        [sys.executable, "-c", LOCAL_RULES_SCRIPT, str(ROOT), str(CONFIG), workdir],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    line = finished.stdout.strip().splitlines()[-1]
+    return json.loads(line.removeprefix("LOCAL_RULES "))
+
+
+@needs_plugin
+def test_only_preflight_and_arms_of_the_study_are_slurm_jobs(tmp_path):
+    plan = planned_jobs(tmp_path)
+    stats = re.search(r"Job stats:\n(.*?)\ntotal", plan, re.S).group(1)
+    planned = dict(re.findall(r"^(\w+)\s+(\d+)$", stats, re.M))
+    assert planned["run_arm"] == "2" and planned["preflight"] == "1"
+
+    local = rules_run_where_snakemake_runs(tmp_path)
+    slurm_jobs = {rule for rule in planned if not local[rule]}
+    assert slurm_jobs == {"preflight", "run_arm"}
+    # Every rule that measures leaves the host; nothing else does but image builds
+    # (a container image lives on the node that runs it).
+    assert {rule for rule, is_local in local.items() if not is_local} == {
+        *(MEASURING_RULES & set(local)),
+        "build_image",
+    }
+
+    # The plugin read the profile: the arm and preflight jobs carry its requests.
+    resources = job_resources(plan)
+    for rule in ("run_arm", "preflight"):
+        for line in resources[rule]:
+            assert "slurm_partition=gpu" in line and "gpu=1" in line, line
+            assert "cpus_per_task=64" in line and "slurm_extra=--exclusive" in line
+
+
+@pytest.mark.slurm
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.environ.get("RUN_SLURM_TESTS") != "1",
+    reason=f"a real SLURM run (root, apt, ~3 min): RUN_SLURM_TESTS=1 or {RUN_ON_SLURM}",
+)
+def test_study_runs_on_a_real_slurm(tmp_path):
+    finished = subprocess.run(
+        [str(RUN_ON_SLURM)],
+        capture_output=True,
+        text=True,
+        timeout=1200,
+        env=os.environ | {"PYTHON": sys.executable, "SLURM_STUDY_DIR": str(tmp_path)},
+    )
+    output = finished.stdout + finished.stderr
+    assert finished.returncode == 0, output[-6000:]
+    print(output)  # the SLURM jobs and sacct's records, shown with -s or -rA
+    assert "SLURM run check passed" in finished.stdout
