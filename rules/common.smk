@@ -121,6 +121,11 @@ def model_snapshot_file():
     return f"resources/models/{MODEL}/snapshot.json"
 
 
+def model_of_engine(wildcards):
+    """The model snapshot record when the arms run real SGLang servers."""
+    return [model_snapshot_file()] if config["engine"] == "sglang" else []
+
+
 def model_download_directory():
     """Where the model rule downloads the model when config names no local path."""
     return f"resources/models/{MODEL}/snapshot"

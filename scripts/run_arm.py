@@ -14,13 +14,19 @@ logging.basicConfig(
     format="%(asctime)s %(levelname)s %(message)s",
 )
 
+engine = dict(snakemake.params.engine)
+if snakemake.input.model:
+    # Where the model rule checked (or downloaded) the snapshot on this host.
+    snapshot = json.loads(Path(snakemake.input.model[0]).read_text())
+    engine["model_host_path"] = snapshot["path"]
+
 run_arm(
     experiment=snakemake.wildcards.experiment,
     arm=dict(snakemake.params.arm),
     run=int(snakemake.wildcards.run),
     variant=json.loads(Path(snakemake.input.variant).read_text()),
     workload_manifest=Path(snakemake.input.workload),
-    engine=dict(snakemake.params.engine),
+    engine=engine,
     client=dict(snakemake.params.client),
     monitors=dict(snakemake.params.monitors),
     paths=RunPaths(

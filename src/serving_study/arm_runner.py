@@ -15,6 +15,7 @@ import json
 import logging
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -43,6 +44,12 @@ from serving_study.server_environment import (
     recorded_environment,
     redacted,
     server_environment,
+)
+from serving_study.sglang_commands import (
+    model_mount,
+    served_model_name,
+    sglang_server_argv,
+    sglang_server_environment,
 )
 
 log = logging.getLogger(__name__)
@@ -76,10 +83,16 @@ def in_container(engine: dict) -> bool:
 
 
 def server_argv(engine: dict, variant: dict, arm: dict, port: int) -> list[str]:
-    if engine["engine"] != "embedded":
-        raise ArmFailed(
-            f"engine {engine['engine']!r} is not supported by this version of the "
-            "runner; use engine: embedded"
+    """The command that starts the arm's server: the embedded engine with the
+    variant's source, or ``sglang.launch_server`` with the model (in the variant's
+    image, or with this host's SGLang when ``runtime: local``)."""
+    if engine["engine"] == "sglang":
+        return sglang_server_argv(
+            arm,
+            engine["sglang"],
+            sglang_model_path(engine),
+            port,
+            python="python3" if in_container(engine) else sys.executable,
         )
     argv = embedded_server_argv(
         sglang_python_root=(
@@ -94,6 +107,29 @@ def server_argv(engine: dict, variant: dict, arm: dict, port: int) -> list[str]:
     if in_container(engine):
         argv[0] = EMBEDDED_PYTHON  # the image's interpreter, not this host's
     return argv
+
+
+def sglang_model_path(engine: dict) -> str:
+    """The model as the SGLang server sees it (mounted inside a container)."""
+    host_path = engine["model_host_path"]
+    if not in_container(engine):
+        return host_path
+    return model_mount(engine["sglang"]["model"], host_path)[2]
+
+
+def arm_environment(engine: dict, arm: dict) -> dict[str, str]:
+    """What the arm's config sets in the server's environment (and, for SGLang,
+    the cache settings SGLang only reads from the environment)."""
+    if engine["engine"] == "sglang":
+        return sglang_server_environment(arm, engine["sglang"])
+    return dict(arm.get("environment", {}))
+
+
+def model_name(engine: dict) -> str:
+    """The ``model`` the client sends."""
+    if engine["engine"] == "sglang":
+        return served_model_name(engine["sglang"])
+    return engine["embedded"]["served_model_name"]
 
 
 def new_server(
@@ -112,21 +148,28 @@ def new_server(
     if not in_container(engine):
         return LocalServer(
             argv,
-            server_environment(os.environ, arm.get("environment", {})),
+            server_environment(os.environ, arm_environment(engine, arm)),
             quota_cores(arm),
             name,
             paths.server_log,
             quota_during_startup=client["quota_during_startup"],
         )
+    mounts = []
+    if engine["engine"] == "sglang":
+        source, mounted_at, _ = model_mount(
+            engine["sglang"]["model"], engine["model_host_path"]
+        )
+        mounts.append((source, mounted_at))
     return ContainerServer(
         argv,
-        dict(arm.get("environment", {})),
+        arm_environment(engine, arm),
         quota_cores(arm),
         name,
         paths.server_log,
         quota_during_startup=client["quota_during_startup"],
         image=read_image_id(engine["image_id_file"]),
         runtime=engine["runtime"],
+        read_only_mounts=mounts,
         **container_options(
             engine["container"], engine["engine"], arm["concurrency"], workload_manifest
         ),
@@ -230,7 +273,7 @@ def measure(
                 measured_requests=arm["requests"],
                 warmup_requests=client["warmup_requests"],
                 output_tokens=arm["output_tokens"],
-                model=engine["embedded"]["served_model_name"],
+                model=model_name(engine),
                 out_path=paths.requests,
                 progress=True,
                 request_timeout_s=client["request_timeout_s"],

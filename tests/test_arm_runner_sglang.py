@@ -1,0 +1,79 @@
+"""The runner starts a real SGLang arm with the published configs' settings.
+
+No GPU here: these tests check what would run (the server argv, its container,
+environment, model mount and the client's model name), built exactly as the runner
+builds them for ``engine: sglang``.
+"""
+
+from pathlib import Path
+
+import yaml
+
+from serving_study.arm_runner import RunPaths, model_name, new_server, server_argv
+from serving_study.config import check_config
+from serving_study.workloads import generate_workload
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def published(name: str) -> dict:
+    config = yaml.safe_load((ROOT / "config" / name).read_text())
+    return check_config(config, ROOT / "config" / "config.schema.yaml", [name], ROOT)
+
+
+def engine_of(config: dict, model_host_path: str) -> dict:
+    return {
+        "engine": config["engine"],
+        "runtime": config["runtime"],
+        "embedded": config["embedded_engine"],
+        "sglang": config["sglang"],
+        "container": config["container"],
+        "image_id_file": None,
+        "model_host_path": model_host_path,
+    }
+
+
+def test_every_b1_arm_runs_sglang_with_an_explicit_transport_in_its_image(tmp_path):
+    config = published("b1.yaml")
+    engine = engine_of(config, "/data/models/Qwen3-VL-4B-Instruct")
+    for arm in config["arms"]:
+        argv = server_argv(engine, {}, arm, 31000)
+        assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
+        transport = argv[argv.index("--mm-feature-transport") + 1]
+        assert transport == arm["transport"] == "cpu"
+        assert "--disable-radix-cache" in argv
+        assert argv[argv.index("--port") + 1] == "31000"
+        model_path = argv[argv.index("--model-path") + 1]
+        assert model_path.startswith("/models/")
+
+
+def test_the_container_gets_gpus_the_model_read_only_and_the_cache_settings(
+    tmp_path,
+):
+    config = published("b1.yaml")
+    engine = engine_of(config, "/data/models/Qwen3-VL-4B-Instruct")
+    arm = next(arm for arm in config["arms"] if arm["name"] == "B")
+    (tmp_path / "image.iid").write_text("sha256:" + "0" * 64)
+    engine["image_id_file"] = str(tmp_path / "image.iid")
+    paths = RunPaths(*(tmp_path / name for name in "abcde"))
+    spec = {"name": "w", "seed": 1, "images": 2, "width": 512, "height": 512}
+    spec["input_tokens"] = 8
+    generate_workload(spec, tmp_path / "workload")
+    server = new_server(
+        engine,
+        server_argv(engine, {}, arm, 31000),
+        arm,
+        "b1-B-run1",
+        paths,
+        config["client"],
+        tmp_path / "workload" / "manifest.json",
+    )
+    run = server.run_argv
+    assert "--privileged" not in run
+    assert "--gpus" in run
+    assert (
+        "/data/models/Qwen3-VL-4B-Instruct:/models/Qwen--Qwen3-VL-4B-Instruct:ro" in run
+    )
+    assert "--env" in run and "OMP_NUM_THREADS=8" in run
+    assert "SGLANG_VLM_CACHE_SIZE_MB=0" in run
+    assert model_name(engine) == config["sglang"]["model"]
