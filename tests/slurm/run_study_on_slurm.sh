@@ -21,7 +21,7 @@ PLUGIN=snakemake-executor-plugin-slurm
 PLUGIN_PIN=$PLUGIN==2.8.0
 CONFIG=$ROOT/config/test/config.yaml
 EXPERIMENT=test-embedded
-WORK=${SLURM_STUDY_DIR:-$(mktemp -d /var/tmp/serving-study-slurm-run.XXXXXX)}
+WORK=${SLURM_STUDY_DIR:-}
 
 say() { echo "run-study-on-slurm: $*" >&2; }
 
@@ -74,7 +74,11 @@ if [ "$(id -u)" != 0 ]; then
 	say "needs root (SLURM's daemons and the arms' CPU-quota cgroups)"
 	exit 1
 fi
-mkdir -p "$WORK"
+if [ -n "$WORK" ]; then
+	mkdir -p "$WORK"
+else
+	WORK=$(mktemp -d /var/tmp/serving-study-slurm-run.XXXXXX)
+fi
 say "working in $WORK"
 trap finish EXIT
 slurm_env=$(timed "$HERE/start_local_slurm.sh")
