@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import os
 import sys
 from pathlib import Path
 
-from serving_study.engine.request_path import TRANSPORTS
-from serving_study.engine.scheduler import TimingModel, exit_without_teardown
-from serving_study.engine.server import EngineConfig, run_engine
+from serving_study.engine.engine_config import EngineConfig
+from serving_study.engine.protocol import CPU_TRANSPORT, TRANSPORTS
+from serving_study.engine.scheduler import (
+    EarlyScheduler,
+    SchedulerSettings,
+    TimingModel,
+    exit_without_teardown,
+    start_scheduler,
+)
+from serving_study.engine.shm_loader import MM_UTILS_RELATIVE_PATH
 
 
 def parse_arguments(argv: list[str]) -> EngineConfig:
@@ -77,8 +86,33 @@ def parse_arguments(argv: list[str]) -> EngineConfig:
     )
 
 
+def start_scheduler_early(config: EngineConfig) -> EarlyScheduler | None:
+    """Start the scheduler process now, so that it loads torch while this process
+    does (each import takes seconds on a small host). The engine checks that the
+    settings match what it loads; a variant it cannot read starts nothing here."""
+    if config.transport != CPU_TRANSPORT:
+        return None  # the engine first checks for a GPU, which needs torch
+    try:
+        mm_utils_text = (config.sglang_source / MM_UTILS_RELATIVE_PATH).read_text()
+    except OSError:
+        return None
+    settings = SchedulerSettings(
+        sglang_source=config.sglang_source,
+        mm_utils_sha256=hashlib.sha256(mm_utils_text.encode()).hexdigest(),
+        timing=config.timing,
+        parent_pid=os.getpid(),
+    )
+    process, connection = start_scheduler(settings)
+    return settings, process, connection
+
+
 def main(argv: list[str] | None = None) -> int:
-    return run_engine(parse_arguments(sys.argv[1:] if argv is None else argv))
+    config = parse_arguments(sys.argv[1:] if argv is None else argv)
+    early_scheduler = start_scheduler_early(config)
+    # Imported only now: the server loads torch, in parallel with the scheduler.
+    from serving_study.engine.server import run_engine
+
+    return run_engine(config, early_scheduler)
 
 
 if __name__ == "__main__":

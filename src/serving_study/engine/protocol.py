@@ -12,6 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+# The feature transports an arm can choose (SGLang's --mm-feature-transport).
+CPU_TRANSPORT = "cpu"
+CUDA_IPC_TRANSPORT = "cuda_ipc"
+TRANSPORTS = (CPU_TRANSPORT, CUDA_IPC_TRANSPORT)
+
 SHM = "shm"
 INLINE = "inline"
 CUDA_IPC = "cuda_ipc"

@@ -23,12 +23,16 @@ from dataclasses import dataclass, field
 import torch
 
 from serving_study.engine.preprocess import decode_image, preprocess_image
-from serving_study.engine.protocol import CUDA_IPC, INLINE, SHM, FeaturePayload
+from serving_study.engine.protocol import (
+    CUDA_IPC,
+    CUDA_IPC_TRANSPORT,
+    INLINE,
+    SHM,
+    TRANSPORTS,
+    FeaturePayload,
+)
 from serving_study.engine.segments import unlink_segment
 
-CPU_TRANSPORT = "cpu"
-CUDA_IPC_TRANSPORT = "cuda_ipc"
-TRANSPORTS = (CPU_TRANSPORT, CUDA_IPC_TRANSPORT)
 STAGES = ("decode", "preprocess", "transport")
 
 logger = logging.getLogger("serving_study.engine.request_path")

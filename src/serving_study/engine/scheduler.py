@@ -84,6 +84,11 @@ class MainProcessGone(Exception):
     """The pipe to the main process closed or the parent process died."""
 
 
+# A scheduler process started before the engine needed it: its settings, the
+# process, and the main process's end of the pipe.
+EarlyScheduler = tuple[SchedulerSettings, BaseProcess, Connection]
+
+
 def start_scheduler(settings: SchedulerSettings) -> tuple[BaseProcess, Connection]:
     """Spawn the scheduler process; return it and the main process's pipe end."""
     context = multiprocessing.get_context("spawn")

@@ -23,7 +23,11 @@ from serving_study.engine.protocol import (
     TokenEvent,
 )
 from serving_study.engine.request_path import PreparedImages, release_segments
-from serving_study.engine.scheduler import SchedulerSettings, start_scheduler
+from serving_study.engine.scheduler import (
+    EarlyScheduler,
+    SchedulerSettings,
+    start_scheduler,
+)
 
 SCHEDULER_EXIT_GRACE_SECONDS = 5.0
 
@@ -57,8 +61,11 @@ class PendingRequest:
 
 
 class SchedulerClient:
-    def __init__(self, settings: SchedulerSettings) -> None:
+    def __init__(
+        self, settings: SchedulerSettings, early: EarlyScheduler | None = None
+    ) -> None:
         self._settings = settings
+        self._early = early
         self._process = None
         self._connection = None
         self._ready: asyncio.Future | None = None
@@ -74,7 +81,13 @@ class SchedulerClient:
     async def start(self, timeout_s: float) -> SchedulerReady:
         loop = asyncio.get_running_loop()
         self._ready = loop.create_future()
-        self._process, self._connection = start_scheduler(self._settings)
+        if self._early is not None and self._early[0] == self._settings:
+            _, self._process, self._connection = self._early
+        else:
+            if self._early is not None:  # started for other settings: not ours
+                self._early[1].terminate()
+            self._process, self._connection = start_scheduler(self._settings)
+        self._early = None
         self.alive = True
         loop.add_reader(self._connection.fileno(), self._on_readable)
         logger.info("scheduler process started (pid %d)", self._process.pid)

@@ -22,7 +22,7 @@ import os
 import platform
 import signal
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import numpy as np
@@ -31,15 +31,15 @@ from aiohttp import web
 from PIL import Image
 
 from serving_study.engine import openai_api
+from serving_study.engine.engine_config import EngineConfig
 from serving_study.engine.openai_api import BadRequest, CompletionIdentity
+from serving_study.engine.protocol import CUDA_IPC_TRANSPORT
 from serving_study.engine.request_path import (
-    CPU_TRANSPORT,
-    CUDA_IPC_TRANSPORT,
     InvalidImage,
     RequestPath,
     release_segments,
 )
-from serving_study.engine.scheduler import SchedulerSettings, TimingModel
+from serving_study.engine.scheduler import EarlyScheduler, SchedulerSettings
 from serving_study.engine.scheduler_client import (
     GenerationFailed,
     PendingRequest,
@@ -57,17 +57,6 @@ SSE_DONE = openai_api.sse_event("[DONE]")
 logger = logging.getLogger("serving_study.engine.server")
 
 
-@dataclass(frozen=True)
-class EngineConfig:
-    sglang_source: Path
-    host: str = "127.0.0.1"
-    port: int = 30000
-    transport: str = CPU_TRANSPORT
-    served_model_name: str = "Qwen/Qwen3-VL-4B-Instruct"
-    timing: TimingModel = field(default_factory=TimingModel)
-    startup_timeout_s: float = 120.0
-
-
 class EngineStartFailed(RuntimeError):
     pass
 
@@ -75,17 +64,17 @@ class EngineStartFailed(RuntimeError):
 class Engine:
     """HTTP handlers plus the request path and the scheduler they drive."""
 
-    def __init__(self, config: EngineConfig, variant: VariantTransport) -> None:
+    def __init__(
+        self,
+        config: EngineConfig,
+        variant: VariantTransport,
+        early_scheduler: EarlyScheduler | None = None,
+    ) -> None:
         self.config = config
         self.variant = variant
         self.request_path = RequestPath(variant.shm_pointer_class, config.transport)
         self.scheduler = SchedulerClient(
-            SchedulerSettings(
-                sglang_source=config.sglang_source,
-                mm_utils_sha256=variant.mm_utils_sha256,
-                timing=config.timing,
-                parent_pid=os.getpid(),
-            )
+            scheduler_settings(config, variant.mm_utils_sha256), early_scheduler
         )
         self.healthy = False
         self.app = web.Application(client_max_size=1024**3)
@@ -275,8 +264,22 @@ class Engine:
         return openai_api.sse_event(openai_api.stream_chunk(identity, delta))
 
 
-def run_engine(config: EngineConfig) -> int:
-    """Run the engine until SIGTERM/SIGINT; return the process exit code."""
+def scheduler_settings(config: EngineConfig, mm_utils_sha256: str) -> SchedulerSettings:
+    return SchedulerSettings(
+        sglang_source=config.sglang_source,
+        mm_utils_sha256=mm_utils_sha256,
+        timing=config.timing,
+        parent_pid=os.getpid(),
+    )
+
+
+def run_engine(
+    config: EngineConfig, early_scheduler: EarlyScheduler | None = None
+) -> int:
+    """Run the engine until SIGTERM/SIGINT; return the process exit code.
+
+    ``early_scheduler`` is a scheduler process the command line already started
+    (so that it loads torch while this process does)."""
     logging.basicConfig(
         level=logging.INFO,
         format="[%(asctime)s] %(levelname)s %(name)s: %(message)s",
@@ -293,7 +296,7 @@ def run_engine(config: EngineConfig) -> int:
         variant.mm_utils_path,
         variant.mm_utils_sha256,
     )
-    return asyncio.run(_serve(Engine(config, variant)))
+    return asyncio.run(_serve(Engine(config, variant, early_scheduler)))
 
 
 async def _serve(engine: Engine) -> int:

@@ -1,0 +1,24 @@
+"""What one engine process is started with.
+
+Kept free of heavy imports: the command line builds it, and starts the scheduler
+process, before the main process loads torch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from serving_study.engine.protocol import CPU_TRANSPORT
+from serving_study.engine.scheduler import TimingModel
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    sglang_source: Path
+    host: str = "127.0.0.1"
+    port: int = 30000
+    transport: str = CPU_TRANSPORT
+    served_model_name: str = "Qwen/Qwen3-VL-4B-Instruct"
+    timing: TimingModel = field(default_factory=TimingModel)
+    startup_timeout_s: float = 120.0
