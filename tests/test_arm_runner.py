@@ -19,6 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from study_helpers import leaked_segments
 
 from serving_study.arm_runner import RunPaths, run_arm
 from serving_study.variants import prepare_variant
@@ -77,15 +78,6 @@ def workload(tmp_path_factory) -> Path:
     spec["input_tokens"] = 16
     generate_workload(spec | {"format": "png", "content": "noise"}, out)
     return out / "manifest.json"
-
-
-def leaked_segments() -> list[Path]:
-    """SGLang segments whose creating process is gone (live ones are others')."""
-    return [
-        path
-        for path in Path("/dev/shm").glob("sgl_shm_*")
-        if not psutil.pid_exists(int(path.name.split("_")[-2]))
-    ]
 
 
 def run_paths(directory: Path) -> RunPaths:

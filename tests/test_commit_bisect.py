@@ -18,9 +18,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 import yaml
+from study_helpers import leaked_segments
 
 from serving_study.commit_bisect import (
     BAD,
@@ -269,14 +269,6 @@ def test_dry_run_of_the_bisect_schedules_one_job_and_no_arm(tmp_path):
 
 
 # --- one real bisect ---------------------------------------------------------------
-
-
-def leaked_segments() -> list[Path]:
-    return [
-        path
-        for path in Path("/dev/shm").glob("sgl_shm_*")
-        if not psutil.pid_exists(int(path.name.split("_")[-2]))
-    ]
 
 
 @pytest.mark.slow

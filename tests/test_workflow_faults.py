@@ -4,35 +4,23 @@ import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from study_helpers import snakemake_command as study_command
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "test" / "config.yaml"
 EXPERIMENT = "test-embedded"
 
+
+def snakemake_command(workdir: Path, *arguments: str) -> list[str]:
+    return study_command(workdir, "--cores", "1", *arguments)
+
+
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the arms' CPU quota is a cgroup only root can create"
 )
-
-
-def snakemake_command(workdir: Path, *arguments: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(ROOT / "Snakefile"),
-        "--directory",
-        str(workdir),
-        "--configfile",
-        str(CONFIG),
-        "--cores",
-        "1",
-        *arguments,
-    ]
 
 
 @pytest.mark.skipif(not shutil.which("unshare"), reason="needs util-linux unshare")

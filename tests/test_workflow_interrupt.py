@@ -10,37 +10,25 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import psutil
 import pytest
+from study_helpers import snakemake_command as study_command
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "test" / "config.yaml"
 EXPERIMENT = "test-embedded"
 
+
+def snakemake_command(workdir: Path, *arguments: str) -> list[str]:
+    return study_command(workdir, "--cores", "1", *arguments)
+
+
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the arms' CPU quota is a cgroup only root can create"
 )
-
-
-def snakemake_command(workdir: Path, *arguments: str) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "snakemake",
-        "-s",
-        str(ROOT / "Snakefile"),
-        "--directory",
-        str(workdir),
-        "--configfile",
-        str(CONFIG),
-        "--cores",
-        "1",
-        *arguments,
-    ]
 
 
 def wait_for_a_serving_arm(snakemake: subprocess.Popen, timeout_s: float = 300):

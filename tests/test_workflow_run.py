@@ -8,13 +8,12 @@ and Snakemake's own report. Needs root for the cgroup quota.
 import json
 import os
 import subprocess
-import sys
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pandas as pd
-import psutil
 import pytest
+from study_helpers import leaked_segments, snakemake_command
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "test" / "config.yaml"
@@ -25,29 +24,9 @@ pytestmark = pytest.mark.skipif(
 )
 
 
-def leaked_segments() -> list[Path]:
-    """SGLang segments whose creating process is gone (live ones are others')."""
-    return [
-        path
-        for path in Path("/dev/shm").glob("sgl_shm_*")
-        if not psutil.pid_exists(int(path.name.split("_")[-2]))
-    ]
-
-
 def snakemake(workdir: Path, *arguments: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-s",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(workdir),
-            "--configfile",
-            str(CONFIG),
-            *arguments,
-        ],
+        snakemake_command(workdir, *arguments),
         capture_output=True,
         text=True,
         timeout=900,
