@@ -339,6 +339,7 @@ def write_json(path: Path, data) -> None:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
+@termination_as_interrupt()
 def run_arm(
     *,
     experiment: str,
@@ -352,32 +353,6 @@ def run_arm(
     paths: RunPaths,
 ) -> dict:
     """Run one (arm, run) and write all its outputs; return its metrics."""
-    with termination_as_interrupt():
-        return _run_arm(
-            experiment=experiment,
-            arm=arm,
-            run=run,
-            variant=variant,
-            workload_manifest=workload_manifest,
-            engine=engine,
-            client=client,
-            monitors=monitors,
-            paths=paths,
-        )
-
-
-def _run_arm(
-    *,
-    experiment: str,
-    arm: dict,
-    run: int,
-    variant: dict,
-    workload_manifest: Path,
-    engine: dict,
-    client: dict,
-    monitors: dict,
-    paths: RunPaths,
-) -> dict:
     started_at, started = now_iso(), time.monotonic()
     paths.server_log.write_text("")
     group_name = f"{experiment}-{arm['name']}-run{run}-{os.getpid()}"
