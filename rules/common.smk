@@ -15,7 +15,7 @@ from serving_study.sglang_commands import model_directory_name
 try:
     check_config(
         config,
-        schema_path=PROJECT_ROOT / "config" / "config.schema.yaml",
+        schema_path=PROJECT_ROOT / "config" / "schema" / "config.schema.yaml",
         config_files=workflow.configfiles,
         project_root=PROJECT_ROOT,
     )

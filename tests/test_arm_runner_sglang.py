@@ -18,7 +18,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def published(name: str) -> dict:
     config = yaml.safe_load((ROOT / "config" / name).read_text())
-    return check_config(config, ROOT / "config" / "config.schema.yaml", [name], ROOT)
+    return check_config(
+        config, ROOT / "config" / "schema" / "config.schema.yaml", [name], ROOT
+    )
 
 
 def engine_of(config: dict, model_host_path: str) -> dict:

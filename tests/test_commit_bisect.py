@@ -37,7 +37,7 @@ from serving_study.config import ConfigError, check_config
 from serving_study.release_change import ChangeCriterion, Spread
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = ROOT / "config" / "config.schema.yaml"
+SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"
 
 MM_UTILS = Path("python/sglang/srt/managers/mm_utils.py")
 STALE_SHM_CLEANUP = Path("python/sglang/srt/utils/stale_shm_cleanup.py")

@@ -11,7 +11,7 @@ import yaml
 from serving_study.config import ConfigError, check_config
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = ROOT / "config" / "config.schema.yaml"
+SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"
 SHIPPED = sorted(
     str(path.relative_to(ROOT))
     for path in (ROOT / "config").rglob("*.yaml")

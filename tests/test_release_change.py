@@ -33,7 +33,7 @@ from serving_study.report import build_report
 from serving_study.sources import fetch_source
 
 ROOT = Path(__file__).resolve().parents[1]
-SCHEMA = ROOT / "config" / "config.schema.yaml"
+SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"
 BISECT_CONFIG = ROOT / "config" / "bisect.yaml"
 REPORT_FIXTURE = Path(__file__).parent / "fixtures" / "report"
 

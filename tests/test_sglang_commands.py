@@ -89,7 +89,9 @@ def experiment_config(name: str) -> dict:
     """A shipped experiment config, checked, with the schema's defaults filled in."""
     path = ROOT / "config" / f"{name}.yaml"
     config = yaml.safe_load(path.read_text())
-    return check_config(config, ROOT / "config" / "config.schema.yaml", [path], ROOT)
+    return check_config(
+        config, ROOT / "config" / "schema" / "config.schema.yaml", [path], ROOT
+    )
 
 
 def every_arm() -> list:

@@ -67,7 +67,7 @@ def soak(config_path: Path, runs: int, requests: int | None, workdir: Path) -> d
     config = yaml.safe_load(config_path.read_text())
     check_config(
         config,
-        PROJECT_ROOT / "config" / "config.schema.yaml",
+        PROJECT_ROOT / "config" / "schema" / "config.schema.yaml",
         [config_path],
         PROJECT_ROOT,
     )
