@@ -1,11 +1,11 @@
 """Checking an experiment's config before any job runs.
 
 The JSON schema (config/schema/config.schema.yaml) says what each key may hold;
-this module applies it, fills in the schema's defaults, and adds the checks a schema
-cannot express: names that must be unique, and names that must refer to something defined
-elsewhere in the same config. Every problem becomes one line that names the file and
-the key, e.g. ``config/b1.yaml: arms[2].variant: 'patchd' is not a variant (known:
-original, patched)``.
+this module applies it, fills in the schema's defaults, and adds the checks a
+schema cannot express: names that must be unique, and names that must refer to
+something defined elsewhere in the same config. Every problem becomes one line
+that names the file and the key, e.g. ``config/b1.yaml: arms[2].variant: 'patchd'
+names no variant (known: original, patched)``.
 """
 
 from collections import Counter
