@@ -82,13 +82,7 @@ def workload(tmp_path_factory) -> Path:
 
 def run_paths(directory: Path) -> RunPaths:
     directory.mkdir(parents=True, exist_ok=True)
-    return RunPaths(
-        metrics=directory / "metrics.json",
-        requests=directory / "requests.jsonl",
-        monitors=directory / "monitors.json",
-        provenance=directory / "provenance.json",
-        server_log=directory / "server.log",
-    )
+    return RunPaths.in_directory(directory)
 
 
 def run(variant: dict, workload: Path, directory: Path, arm: dict = ARM) -> dict:

@@ -65,6 +65,17 @@ class RunPaths:
     provenance: Path
     server_log: Path
 
+    @classmethod
+    def in_directory(cls, directory: Path) -> "RunPaths":
+        """The usual file names of one run inside ``directory``."""
+        return cls(
+            metrics=directory / "metrics.json",
+            requests=directory / "requests.jsonl",
+            monitors=directory / "monitors.json",
+            provenance=directory / "provenance.json",
+            server_log=directory / "server.log",
+        )
+
 
 class ArmFailed(RuntimeError):
     """The run could not be measured; the message is recorded as its reason."""

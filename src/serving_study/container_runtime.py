@@ -30,6 +30,7 @@ import psutil
 
 from serving_study.cgroups import CpuGroup, QuotaUnavailable, group_of_pid
 from serving_study.host import feature_bytes
+from serving_study.local_runtime import log_tail
 
 log = logging.getLogger(__name__)
 
@@ -398,11 +399,7 @@ class ContainerServer:
         return self._exit_code
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Stop and remove the container; list and remove the segments it left."""

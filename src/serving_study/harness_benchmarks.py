@@ -894,13 +894,7 @@ def measure_arm_overhead(
 ) -> dict:
     """Run one real arm; split its wall time into the measured window and the rest."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = RunPaths(
-        metrics=out_dir / "metrics.json",
-        requests=out_dir / "requests.jsonl",
-        monitors=out_dir / "monitors.json",
-        provenance=out_dir / "provenance.json",
-        server_log=out_dir / "server.log",
-    )
+    paths = RunPaths.in_directory(out_dir)
     before = read_cpu()
     launched = time.time()
     metrics = run_arm(

@@ -34,6 +34,15 @@ def free_port(host: str = "127.0.0.1") -> int:
         return probe.getsockname()[1]
 
 
+def log_tail(log_path: Path, lines: int = 30) -> str:
+    """The last lines of a server's log (empty when there is none yet)."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
 def segments_created_by(pids: set[int]) -> list[Path]:
     """SGLang shared-memory segments whose creator pid is one of ``pids``."""
     found = []
@@ -111,11 +120,7 @@ class LocalServer:
         return None if self.process is None else self.process.poll()
 
     def log_tail(self, lines: int = 30) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def stop(self, grace_s: float = 10.0) -> None:
         """Terminate the tree, empty and remove the cgroup, unlink leaked segments."""

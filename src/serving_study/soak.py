@@ -105,13 +105,7 @@ def soak(config_path: Path, runs: int, requests: int | None, workdir: Path) -> d
             engine=engine,
             client=config["client"],
             monitors=config["monitors"],
-            paths=RunPaths(
-                metrics=directory / "metrics.json",
-                requests=directory / "requests.jsonl",
-                monitors=directory / "monitors.json",
-                provenance=directory / "provenance.json",
-                server_log=directory / "server.log",
-            ),
+            paths=RunPaths.in_directory(directory),
         )
         if not metrics["valid"]:
             failures.append(
