@@ -31,6 +31,28 @@ RELEASE_REPORT_ITEMS = (
     else {}
 )
 
+# A thread x quota map (config: thread_quota_map) adds its heatmaps and cell table.
+MAP_REPORT_ITEMS = (
+    {
+        "map_figure": report(
+            "results/{experiment}/figures/thread_quota_map.html",
+            caption="../report/thread_quota_map.rst",
+            category="{experiment}",
+            subcategory="Figures",
+            labels={"item": "throughput over intra-op threads and quota"},
+        ),
+        "map_table": report(
+            "results/{experiment}/figures/table_thread_quota_map.html",
+            caption="../report/table_thread_quota_map.rst",
+            category="{experiment}",
+            subcategory="Tables",
+            labels={"item": "thread x quota map: every cell"},
+        ),
+    }
+    if config.get("thread_quota_map")
+    else {}
+)
+
 
 rule aggregate:
     input:
@@ -56,10 +78,12 @@ rule aggregate:
 rule report_html:
     input:
         tables=rules.aggregate.output,
+        map_table=map_table_file(),
         host="results/{experiment}/host.json",
         variants=variant_identity_files(),
     output:
         **RELEASE_REPORT_ITEMS,
+        **MAP_REPORT_ITEMS,
         html=report(
             "results/{experiment}/report.html",
             caption="../report/report_page.rst",

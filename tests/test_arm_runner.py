@@ -38,6 +38,7 @@ ENGINE = {
         "decode_step_ms": 20,
         "max_running_requests": 64,
         "scheduler_busy_fraction": 0,
+        "preprocess_device": "auto",
     },
     "sglang": {},
 }

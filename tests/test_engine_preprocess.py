@@ -18,8 +18,16 @@ from serving_study.engine.preprocess import (
     MIN_PIXELS,
     decode_image,
     preprocess_image,
+    preprocess_image_on_device,
     smart_resize,
 )
+
+
+def _devices() -> list[str]:
+    """The CPU always; the GPU where torch sees one (the GPU host)."""
+    import torch
+
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
 
 def _random_image(height: int, width: int, seed: int = 0) -> Image.Image:
@@ -122,3 +130,28 @@ def _child_env() -> dict:
     source_root = str(Path(serving_study.__file__).parents[1])
     python_path = os.pathsep.join(filter(None, [source_root, os.getenv("PYTHONPATH")]))
     return {**os.environ, "PYTHONPATH": python_path}
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_torch_preprocessing_gives_the_numpy_rows(device):
+    """The GPU path computes the same rows; without resizing, bit for bit."""
+    image = _random_image(512, 384, seed=5)
+    expected = preprocess_image(image)
+    pixel_values, grid = preprocess_image_on_device(image, device)
+    assert pixel_values.device.type == device
+    assert pixel_values.is_contiguous()
+    assert grid.tolist() == expected.image_grid_thw.tolist()
+    np.testing.assert_allclose(
+        pixel_values.cpu().numpy(), expected.pixel_values, rtol=0, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("device", _devices())
+def test_torch_preprocessing_resizes_like_pillow_within_a_few_levels(device):
+    image = _random_image(300, 500, seed=6)
+    expected = preprocess_image(image)
+    pixel_values, grid = preprocess_image_on_device(image, device)
+    assert grid.tolist() == expected.image_grid_thw.tolist()
+    difference = np.abs(pixel_values.cpu().numpy() - expected.pixel_values)
+    # Both are antialiased bicubic resizes; they differ by rounding, not in shape.
+    assert difference.mean() < 0.02

@@ -345,6 +345,31 @@ def test_scheduler_exits_when_the_server_is_killed(
     assert _wait_for_exit(scheduler_pid, 10)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("transport", ["cpu", "cuda_ipc"])
+def test_on_a_gpu_images_are_preprocessed_there_and_both_transports_serve(
+    start_engine, transport_sources_0_5_23, image_url, transport
+):
+    engine = start_engine(transport_sources_0_5_23, "--transport", transport)
+    response = requests.post(
+        engine.url("/v1/chat/completions"),
+        json=_chat_body(image_url, max_tokens=4, stream=True),
+        stream=True,
+        timeout=REQUEST_TIMEOUT_S,
+    )
+    assert _sse_payloads(response)[-1] == "[DONE]"
+    info = requests.get(engine.url("/server_info"), timeout=10).json()
+    assert info["preprocess_device"] == "cuda"
+    assert info["gpu_name"]
+    stages = info["request_path"]["stages"]
+    if transport == "cpu":
+        # The pixels came back from the GPU before the variant's SHM copy.
+        assert stages["device_to_host"]["wall_s"] > 0
+    else:
+        assert stages["device_to_host"]["wall_s"] == 0
+        assert _segments_of(engine.pid) == []
+
+
 @pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="this host has a GPU")
 def test_cuda_ipc_without_a_gpu_exits_with_advice(transport_sources_0_5_23, tmp_path):

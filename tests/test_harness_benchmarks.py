@@ -293,6 +293,7 @@ def test_a_real_arm_is_split_into_its_phases(variants, tmp_path_factory, tmp_pat
             "decode_step_ms": 5,
             "max_running_requests": 64,
             "scheduler_busy_fraction": 0,
+            "preprocess_device": "auto",
         },
         "sglang": {},
     }

@@ -38,6 +38,8 @@ from serving_study.run_metrics import METRICS, RUN_COUNTS
 TABLE_NAMES = ("runs", "arms", "ratios", "invalid_runs", "claims")
 # Written only for an experiment whose arms are a release series.
 RELEASE_TABLE = "releases"
+# Written by the thread x quota map's own rule (thread_quota_map.py) when configured.
+MAP_TABLE = "thread_quota_map"
 
 HOLDS = "holds"
 DOES_NOT_HOLD = "does not hold"
@@ -121,6 +123,12 @@ def read_tables(in_dir: Path) -> dict[str, pd.DataFrame]:
         # Release names stay text: "1.10" is not the number 1.1.
         names = {"release": str, "compared_with": str, "arm": str}
         tables[RELEASE_TABLE] = pd.read_csv(releases, dtype=names)
+    cells = Path(in_dir) / f"{MAP_TABLE}.csv"
+    if cells.is_file():
+        # Quotas stay text: "none" sits beside numbers of cores.
+        tables[MAP_TABLE] = pd.read_csv(
+            cells, dtype={"variant": str, "cpu_quota": str, "invalid_reason": str}
+        )
     return tables
 
 

@@ -114,6 +114,7 @@ def server_argv(engine: dict, variant: dict, arm: dict, port: int) -> list[str]:
         port=port,
         transport=arm["transport"],
         settings=engine["embedded"],
+        intra_op_threads=arm.get("intra_op_threads"),
     )
     if in_container(engine):
         argv[0] = EMBEDDED_PYTHON  # the image's interpreter, not this host's
@@ -405,7 +406,11 @@ def run_arm(
                 f"{server.log_tail()}"
             )
         checks = validity_checks(arm, client, server_info, window, server)
-        inline_images = read_server_info(base_url).get("inline_fallbacks", 0) - (
+        # Afterwards too: its request-path stage totals say where the main process
+        # spent its time during the run.
+        server_info_after = read_server_info(base_url)
+        provenance["server_info_after_run"] = server_info_after
+        inline_images = server_info_after.get("inline_fallbacks", 0) - (
             server_info.get("inline_fallbacks", 0)
         )
         provenance["client"] = load_summary

@@ -439,7 +439,8 @@ def _create_v2(own_directory: Path, name: str) -> _Layout:
 
     cgroup v2 lets a cgroup hand controllers to its children only while it holds no
     processes itself (the root excepted), so enabling `cpu` below our own cgroup fails
-    with EBUSY when we are not alone in a leaf; then the hierarchy root is used.
+    with EBUSY when we are not alone in a leaf, and with ENOENT when `cpu` was never
+    delegated to our cgroup; then the hierarchy root is used.
     """
     root = _v2_root_of(own_directory)
     candidates = [own_directory] if own_directory == root else [own_directory, root]
@@ -453,7 +454,12 @@ def _create_v2(own_directory: Path, name: str) -> _Layout:
             directory = _make_group_directory(parent, name)
             return _Layout(2, directory, directory)
         except OSError as error:
-            if error.errno not in (errno.EBUSY, errno.ENOTSUP, errno.EOPNOTSUPP):
+            if error.errno not in (
+                errno.EBUSY,
+                errno.ENOENT,
+                errno.ENOTSUP,
+                errno.EOPNOTSUPP,
+            ):
                 raise
             last_error = error
     assert last_error is not None

@@ -73,7 +73,10 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
     if (
         error.validator == "oneOf"
         and error.absolute_path
-        and (error.absolute_path[-1] == "cpu_quota")
+        and (
+            error.absolute_path[-1] == "cpu_quota"
+            or list(error.absolute_path)[-2:-1] == ["cpu_quotas"]
+        )
     ):
         return (
             f"{where}: {error.instance!r} is not a CPU quota: give a number of cores "
@@ -152,6 +155,11 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
             problems.append(
                 f"{where}.server_args: only engine 'sglang' takes server arguments"
             )
+        if config.get("engine") != "embedded" and "intra_op_threads" in arm:
+            problems.append(
+                f"{where}.intra_op_threads: only the embedded engine can force its "
+                "intra-op threads; give SGLang OMP_NUM_THREADS in 'environment'"
+            )
 
     for index, reference in enumerate(config.get("reference", {}).get("arms", [])):
         problems += _must_name(
@@ -173,6 +181,35 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
             )
     problems += release_series_problems(config)
     problems += bisect_problems(config, arm_names)
+    problems += thread_quota_map_problems(config, variant_names, workload_names)
+    return problems
+
+
+def thread_quota_map_problems(
+    config: dict, variant_names: list[str], workload_names: list[str]
+) -> list[str]:
+    """The map names known variants and a workload, and runs the embedded engine
+    on this host (it forces intra-op threads and rewrites a live cgroup's quota)."""
+    settings = config.get("thread_quota_map")
+    if not settings:
+        return []
+    problems = []
+    for index, variant in enumerate(settings["variants"]):
+        problems += _must_name(
+            variant, variant_names, f"thread_quota_map.variants[{index}]", "variant"
+        )
+    problems += _must_name(
+        settings["workload"], workload_names, "thread_quota_map.workload", "workload"
+    )
+    if config.get("engine") != "embedded" or config.get("runtime") != "local":
+        problems.append(
+            "thread_quota_map: the map needs engine 'embedded' and runtime 'local' "
+            "(it forces the main process's intra-op threads and changes the quota "
+            "of the running server's cgroup)"
+        )
+    quotas = [q if q == "none" else float(q) for q in settings["cpu_quotas"]]
+    if len(set(quotas)) != len(quotas):
+        problems.append("thread_quota_map.cpu_quotas: a quota is listed twice")
     return problems
 
 

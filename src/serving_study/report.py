@@ -31,6 +31,7 @@ from serving_study.aggregate import (
     CANNOT_TELL,
     DOES_NOT_HOLD,
     HOLDS,
+    MAP_TABLE,
     MIN_RUNS_FOR_INTERVAL,
     describe_environment,
     format_number,
@@ -67,6 +68,13 @@ FIGURE_CAPTIONS = {
         "Per arm: the reproduction's median over valid runs (blue bar) with its "
         "[min, max] (black rule) and each valid run (black dots), beside the "
         "study's reference value (gold bar) where the study reported one."
+    ),
+    "thread_quota_map": (
+        "Throughput of one measured window per cell: intra-op threads of the main "
+        "process (forced with torch.set_num_threads) across, the server's CPU "
+        "quota down. One server per row, its quota changed live between cells. "
+        "The last panel divides the second variant's throughput by the first's "
+        "(above 1: the second serves more). Invalid cells are left empty."
     ),
 }
 
@@ -109,6 +117,7 @@ TABLE_TITLES = {
     "invalid_runs": "Invalid runs, left out of every median",
     "runs": "Every run",
     "releases": "Releases: each against the release before",
+    MAP_TABLE: "Thread x quota map: every cell",
 }
 
 EMBED_OPTIONS = {
@@ -152,6 +161,8 @@ def build_report(
         shown.insert(0, "throughput_vs_concurrency")
     if "release_series" in specs:
         shown.insert(0, "release_series")
+    if "thread_quota_map" in specs:
+        shown.append("thread_quota_map")
     out_html = Path(out_html)
     out_html.parent.mkdir(parents=True, exist_ok=True)
     out_html.write_text(
@@ -475,7 +486,36 @@ def table_sections(tables: dict[str, pd.DataFrame], config: dict) -> dict[str, s
     }
     if is_release_series(config, tables):
         sections = {"releases": releases_html(tables, config), **sections}
+    if MAP_TABLE in tables:
+        sections[MAP_TABLE] = map_cells_html(tables[MAP_TABLE])
     return sections
+
+
+def map_cells_html(cells: pd.DataFrame) -> str:
+    columns = (
+        "throughput_rps",
+        "ttft_p50_ms",
+        "main_cpu_percent",
+        "cores_used",
+        "throttled_share",
+        "torch_threads",
+    )
+    header = ["variant", "intra-op threads", "quota (cores)", "valid"] + [
+        f"{METRICS[column].label} ({METRICS[column].unit})" for column in columns
+    ]
+    header.append("why invalid")
+    rows = [
+        [
+            row["variant"],
+            text(row["intra_op_threads"]),
+            text(row["cpu_quota"]),
+            "yes" if row["valid"] else "no",
+            *(format_number(row[column]) for column in columns),
+            text(row["invalid_reason"]),
+        ]
+        for row in cells.to_dict("records")
+    ]
+    return html_table(header, rows, numeric_from=4)
 
 
 def release_change_html(tables: dict[str, pd.DataFrame], config: dict) -> str:

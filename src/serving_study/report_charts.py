@@ -12,7 +12,9 @@ Two figures, numbered after the study's own:
 
 With `release_series` set, a third figure, `release_series`, plots
 throughput and main-process CPU per release in release order and marks the
-first release that changed (release_change.py).
+first release that changed (release_change.py). With a `thread_quota_map`,
+`thread_quota_map` draws the map's throughput as one heatmap per variant
+(intra-op threads across, quota down), and with two variants their ratio.
 
 Charts are returned as Vega-Lite specs (dicts) so that the report can embed
 them and also keep them as `.vl.json` files.
@@ -23,7 +25,7 @@ import math
 import altair as alt
 import pandas as pd
 
-from serving_study.aggregate import RELEASE_TABLE, describe_environment
+from serving_study.aggregate import MAP_TABLE, RELEASE_TABLE, describe_environment
 from serving_study.release_change import CANNOT_TELL, CHANGED, NO_CHANGE
 from serving_study.run_metrics import METRICS
 
@@ -42,6 +44,7 @@ FIGURE_TITLES = {
     "throughput_vs_concurrency": "Figure 1: throughput against concurrency",
     "arm_comparison": "Figure 4: arms side by side, with the study's numbers",
     "release_series": "Releases in order: throughput and main-process CPU",
+    "thread_quota_map": "Throughput over intra-op threads and CPU quota",
 }
 
 # How each release compares with the one before it, as the release figure colors it.
@@ -61,6 +64,8 @@ def chart_specs(tables: dict[str, pd.DataFrame], config: dict) -> dict[str, dict
     }
     if is_release_series(config, tables):
         specs["release_series"] = release_series(tables)
+    if MAP_TABLE in tables:
+        specs["thread_quota_map"] = thread_quota_map(tables[MAP_TABLE])
     return specs
 
 
@@ -401,3 +406,76 @@ def release_panel(
     return alt.layer(*layers).properties(
         width=width, height=180, title=METRICS[metric].label
     )
+
+
+# --- the thread x quota map ---------------------------------------------------------
+
+
+def quota_order(quotas) -> list[str]:
+    """Quotas from the smallest to none (no quota)."""
+    numbers = sorted({q for q in quotas if q != "none"}, key=float)
+    return numbers + (["none"] if "none" in set(quotas) else [])
+
+
+def thread_quota_map(cells: pd.DataFrame) -> dict:
+    """One throughput heatmap per variant; with two variants, also their ratio."""
+    cells = cells.assign(cpu_quota=cells["cpu_quota"].astype(str))
+    threads = sorted(int(t) for t in cells["intra_op_threads"].unique())
+    quotas = quota_order(cells["cpu_quota"])
+    variants = list(dict.fromkeys(cells["variant"]))
+    x = alt.X("intra_op_threads:O", sort=threads, title="intra-op threads (forced)")
+    y = alt.Y("cpu_quota:O", sort=quotas, title="CPU quota (cores)")
+    top = cells["throughput_rps"].max()
+    panels = [
+        heatmap_panel(
+            cells[cells["variant"] == variant],
+            x,
+            y,
+            "throughput_rps",
+            alt.Scale(scheme="viridis", domain=[0, top if top == top else 1]),
+            f"{variant}: throughput (req/s)",
+        )
+        for variant in variants
+    ]
+    if len(variants) == 2:
+        first, second = variants
+        paired = cells.pivot_table(
+            index=["intra_op_threads", "cpu_quota"],
+            columns="variant",
+            values="throughput_rps",
+        ).reset_index()
+        if first in paired and second in paired:
+            paired["ratio"] = paired[second] / paired[first]
+            paired = paired.dropna(subset=["ratio"])
+            panels.append(
+                heatmap_panel(
+                    paired,
+                    x,
+                    y,
+                    "ratio",
+                    alt.Scale(scheme="blueorange", domainMid=1, type="log"),
+                    f"{second} / {first} throughput",
+                )
+            )
+    chart = alt.hconcat(*panels).properties(title=FIGURE_TITLES["thread_quota_map"])
+    return chart.resolve_scale(color="independent").to_dict()
+
+
+def heatmap_panel(
+    data: pd.DataFrame, x, y, value: str, scale: alt.Scale, title: str
+) -> alt.LayerChart:
+    """Colored cells with their value written in; cells without a value stay empty."""
+    data = data[["intra_op_threads", "cpu_quota", value]].dropna(subset=[value])
+    base = alt.Chart(data).encode(x=x, y=y)
+    cells = base.mark_rect().encode(
+        color=alt.Color(f"{value}:Q", scale=scale, title=None),
+        tooltip=[
+            "intra_op_threads",
+            "cpu_quota",
+            alt.Tooltip(f"{value}:Q", format=".3g"),
+        ],
+    )
+    labels = base.mark_text(fontSize=9, color="white").encode(
+        text=alt.Text(f"{value}:Q", format=".3g")
+    )
+    return alt.layer(cells, labels).properties(width=260, height=170, title=title)

@@ -339,6 +339,11 @@ def _environment_reasons(arm: dict, checks: dict) -> list[str]:
                 f"torch used {torch_threads} intra-op threads, "
                 f"OMP_NUM_THREADS={omp} asks for {omp}"
             )
+    forced = arm.get("intra_op_threads")
+    if forced is not None and torch_threads is not None and forced != torch_threads:
+        reasons.append(
+            f"torch used {torch_threads} intra-op threads, the arm forces {forced}"
+        )
     return reasons
 
 

@@ -7,9 +7,19 @@ import sys
 
 
 def embedded_server_argv(
-    *, sglang_python_root: str, port: int, transport: str, settings: dict
+    *,
+    sglang_python_root: str,
+    port: int,
+    transport: str,
+    settings: dict,
+    intra_op_threads: int | None = None,
 ) -> list[str]:
     """``python -m serving_study.engine`` with the variant's SGLang source."""
+    forced_threads = (
+        []
+        if intra_op_threads is None
+        else ["--intra-op-threads", str(intra_op_threads)]
+    )
     return [
         sys.executable,
         "-m",
@@ -32,4 +42,7 @@ def embedded_server_argv(
         str(settings["max_running_requests"]),
         "--scheduler-busy-fraction",
         str(settings["scheduler_busy_fraction"]),
+        "--preprocess-device",
+        settings["preprocess_device"],
+        *forced_threads,
     ]

@@ -65,6 +65,21 @@ def parse_arguments(argv: list[str]) -> EngineConfig:
     parser.add_argument(
         "--startup-timeout-s", type=float, default=defaults.startup_timeout_s
     )
+    parser.add_argument(
+        "--preprocess-device",
+        choices=("auto", "cpu", "cuda"),
+        default=defaults.preprocess_device,
+        help="where images are preprocessed (auto: the GPU when there is one)",
+    )
+    parser.add_argument(
+        "--intra-op-threads",
+        type=int,
+        default=None,
+        help=(
+            "force the main process's torch intra-op threads (torch.set_num_threads; "
+            "may exceed the CPUs); by default torch picks, as in SGLang"
+        ),
+    )
     arguments = parser.parse_args(argv)
     try:
         timing = TimingModel(
@@ -75,6 +90,8 @@ def parse_arguments(argv: list[str]) -> EngineConfig:
         )
     except ValueError as error:
         parser.error(str(error))
+    if arguments.intra_op_threads is not None and arguments.intra_op_threads < 1:
+        parser.error("--intra-op-threads must be at least 1")
     return EngineConfig(
         sglang_source=arguments.sglang_source.resolve(),
         host=arguments.host,
@@ -83,6 +100,8 @@ def parse_arguments(argv: list[str]) -> EngineConfig:
         served_model_name=arguments.served_model_name,
         timing=timing,
         startup_timeout_s=arguments.startup_timeout_s,
+        preprocess_device=arguments.preprocess_device,
+        intra_op_threads=arguments.intra_op_threads,
     )
 
 

@@ -22,3 +22,8 @@ class EngineConfig:
     served_model_name: str = "Qwen/Qwen3-VL-4B-Instruct"
     timing: TimingModel = field(default_factory=TimingModel)
     startup_timeout_s: float = 120.0
+    # auto: on the GPU when there is one (as SGLang does), else with numpy.
+    preprocess_device: str = "auto"
+    # None leaves torch's own default, as SGLang does; a number is forced with
+    # torch.set_num_threads, which (unlike OMP_NUM_THREADS) may exceed the CPUs.
+    intra_op_threads: int | None = None

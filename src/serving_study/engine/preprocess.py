@@ -1,9 +1,12 @@
-"""Qwen3-VL image preprocessing with Pillow and numpy only.
+"""Qwen3-VL image preprocessing: on the GPU with torch, or on the CPU with numpy.
 
-SGLang runs Qwen3-VL's image processor on the GPU. On a CPU host this module
-stands in for it, and it deliberately never calls a torch operator: PyTorch's
-intra-op thread pool must be entered only by the SHM copy, so that a thread
-cap (`OMP_NUM_THREADS`) changes the copy and nothing else.
+SGLang runs Qwen3-VL's image processor on the GPU, then, for the cpu feature
+transport, copies the result back to host memory (`.cpu()`) before the SHM
+copy. `preprocess_image_on_device` does the same with torch on a CUDA device.
+Without a GPU, `preprocess_image` stands in with Pillow and numpy, and it
+deliberately never calls a torch operator: PyTorch's intra-op thread pool must
+be entered only by the SHM copy, so that a thread cap (`OMP_NUM_THREADS`)
+changes the copy and nothing else.
 
 The output matches the Hugging Face Qwen2-VL image processor configured as
 Qwen3-VL ships it (patch 16, temporal patch 2, merge 2, mean/std 0.5,
@@ -16,9 +19,13 @@ from __future__ import annotations
 import io
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
+
+if TYPE_CHECKING:
+    import torch
 
 PATCH_SIZE = 16
 TEMPORAL_PATCH_SIZE = 2
@@ -42,8 +49,12 @@ class ImageFeatures:
 
     @property
     def llm_image_tokens(self) -> int:
-        """Tokens the image takes in the prompt after the 2x2 merge."""
-        return int(np.prod(self.image_grid_thw[0])) // (MERGE_SIZE * MERGE_SIZE)
+        return llm_image_tokens(self.image_grid_thw)
+
+
+def llm_image_tokens(image_grid_thw: np.ndarray) -> int:
+    """Tokens an image takes in the prompt after the 2x2 merge."""
+    return int(np.prod(image_grid_thw[0])) // (MERGE_SIZE * MERGE_SIZE)
 
 
 def decode_image(data: bytes) -> Image.Image:
@@ -119,3 +130,47 @@ def preprocess_image(image: Image.Image) -> ImageFeatures:
     )
     image_grid_thw = np.array([[1, grid_height, grid_width]], dtype=np.int64)
     return ImageFeatures(pixel_values=pixel_values, image_grid_thw=image_grid_thw)
+
+
+def preprocess_image_on_device(
+    image: Image.Image, device: str
+) -> tuple[torch.Tensor, np.ndarray]:
+    """The same rows as `preprocess_image`, computed with torch on ``device``.
+
+    Returns ``(pixel_values, image_grid_thw)`` with ``pixel_values`` left on
+    ``device``. The decoded pixels travel as uint8 (a quarter of the float32
+    bytes) and are resized there, as the fast Qwen2-VL processor does.
+    """
+    import torch
+    from torch.nn import functional
+
+    height, width = smart_resize(image.height, image.width)
+    pixels = torch.from_numpy(np.array(image)).to(device)
+    pixels = pixels.permute(2, 0, 1).to(torch.float32)
+    if (height, width) != (image.height, image.width):
+        pixels = functional.interpolate(
+            pixels[None],
+            size=(height, width),
+            mode="bicubic",
+            align_corners=False,
+            antialias=True,
+        )[0].clamp_(0, 255)
+    pixels = (pixels * (1 / 255) - IMAGE_MEAN) / IMAGE_STD
+
+    grid_height, grid_width = height // PATCH_SIZE, width // PATCH_SIZE
+    blocks = pixels.reshape(
+        CHANNELS,
+        grid_height // MERGE_SIZE,
+        MERGE_SIZE,
+        PATCH_SIZE,
+        grid_width // MERGE_SIZE,
+        MERGE_SIZE,
+        PATCH_SIZE,
+    )
+    ordered = blocks.permute(1, 4, 2, 5, 0, 3, 6).unsqueeze(5)
+    frames = ordered.expand(
+        ordered.shape[:5] + (TEMPORAL_PATCH_SIZE,) + ordered.shape[6:]
+    )
+    pixel_values = frames.reshape(grid_height * grid_width, PATCH_VALUES)
+    image_grid_thw = np.array([[1, grid_height, grid_width]], dtype=np.int64)
+    return pixel_values, image_grid_thw

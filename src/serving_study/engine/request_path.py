@@ -4,8 +4,12 @@ This runs on the asyncio event-loop thread, as SGLang's TokenizerManager runs
 it with one tokenizer worker: base64-decode and image decode, preprocessing,
 then the variant's `ShmPointerMMData(tensor)`, whose copy into the fresh
 segment is the one place the main process enters PyTorch's intra-op pool.
-With the cuda_ipc transport the tensor goes to the GPU instead and only an
-IPC handle is pickled.
+With the cuda_ipc transport the tensor stays on (or goes to) the GPU instead
+and only an IPC handle is pickled.
+
+Preprocessing runs on the CPU with numpy, or on the GPU with torch as SGLang
+does on a GPU host; then the cpu transport first copies the pixels back to
+host memory (the `device_to_host` stage, SGLang's `.cpu()`).
 
 Each stage's wall time, calling-thread CPU time and whole-process CPU time
 are summed, so `/server_info` can show where the main process spends CPU.
@@ -22,7 +26,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from serving_study.engine.preprocess import decode_image, preprocess_image
+from serving_study.engine.preprocess import (
+    decode_image,
+    llm_image_tokens,
+    preprocess_image,
+    preprocess_image_on_device,
+)
 from serving_study.engine.protocol import (
     CUDA_IPC,
     CUDA_IPC_TRANSPORT,
@@ -33,7 +42,8 @@ from serving_study.engine.protocol import (
 )
 from serving_study.engine.segments import unlink_segment
 
-STAGES = ("decode", "preprocess", "transport")
+STAGES = ("decode", "preprocess", "device_to_host", "transport")
+PREPROCESS_DEVICES = ("cpu", "cuda")
 
 logger = logging.getLogger("serving_study.engine.request_path")
 
@@ -93,11 +103,19 @@ class PreparedImages:
 class RequestPath:
     """Prepares each request's images for the scheduler, with the variant's class."""
 
-    def __init__(self, shm_pointer_class: type, transport: str) -> None:
+    def __init__(
+        self, shm_pointer_class: type, transport: str, preprocess_device: str = "cpu"
+    ) -> None:
         if transport not in TRANSPORTS:
             raise ValueError(f"transport {transport!r} is not one of {TRANSPORTS}")
+        if preprocess_device not in PREPROCESS_DEVICES:
+            raise ValueError(
+                f"preprocess device {preprocess_device!r} is not one of "
+                f"{PREPROCESS_DEVICES}"
+            )
         self._shm_pointer_class = shm_pointer_class
         self._transport = transport
+        self._preprocess_device = preprocess_device
         self.timings = RequestPathTimings()
         self._warned_inline = False
         # Images sent inline because /dev/shm was full: the copy under study skipped.
@@ -133,20 +151,32 @@ class RequestPath:
             except ValueError as error:
                 raise InvalidImage(str(error)) from error
         with _Stage(stages["preprocess"]):
-            features = preprocess_image(image)
-            pixel_values = torch.from_numpy(features.pixel_values)
-        with _Stage(stages["transport"]):
-            if self._transport == CUDA_IPC_TRANSPORT:
+            if self._preprocess_device == "cpu":
+                features = preprocess_image(image)
+                pixel_values = torch.from_numpy(features.pixel_values)
+                grid = features.image_grid_thw
+            else:
+                pixel_values, grid = preprocess_image_on_device(
+                    image, self._preprocess_device
+                )
+                # Wait for the kernels here, so that their time is this stage's
+                # and not the next one's (a `.cpu()` would wait for them anyway).
+                torch.cuda.synchronize()
+        if self._transport == CUDA_IPC_TRANSPORT:
+            with _Stage(stages["transport"]):
                 on_gpu = pixel_values.to("cuda")
                 prepared.gpu_tensors.append(on_gpu)
                 payload = FeaturePayload(
                     kind=CUDA_IPC, pickled=bytes(self._pickle_cuda(on_gpu))
                 )
-            else:
+        else:
+            with _Stage(stages["device_to_host"]):
+                pixel_values = pixel_values.cpu()
+            with _Stage(stages["transport"]):
                 payload = self._wrap_shm(pixel_values)
         self.timings.images += 1
         prepared.payloads += (payload,)
-        prepared.image_tokens.append(features.llm_image_tokens)
+        prepared.image_tokens.append(llm_image_tokens(grid))
 
     def _wrap_shm(self, pixel_values: torch.Tensor) -> FeaturePayload:
         try:

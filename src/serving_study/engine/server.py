@@ -72,7 +72,10 @@ class Engine:
     ) -> None:
         self.config = config
         self.variant = variant
-        self.request_path = RequestPath(variant.shm_pointer_class, config.transport)
+        self.preprocess_device = resolved_preprocess_device(config.preprocess_device)
+        self.request_path = RequestPath(
+            variant.shm_pointer_class, config.transport, self.preprocess_device
+        )
         self.scheduler = SchedulerClient(
             scheduler_settings(config, variant.mm_utils_sha256), early_scheduler
         )
@@ -164,6 +167,11 @@ class Engine:
             "cpu_count": os.cpu_count(),
             "cpu_affinity_count": len(os.sched_getaffinity(0)),
             "transport": self.config.transport,
+            "preprocess_device": self.preprocess_device,
+            "intra_op_threads_forced": self.config.intra_op_threads,
+            "gpu_name": (
+                torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+            ),
             "served_model_name": self.config.served_model_name,
             "timing": asdict(self.config.timing),
             "sglang_source": str(self.config.sglang_source),
@@ -264,6 +272,13 @@ class Engine:
         return openai_api.sse_event(openai_api.stream_chunk(identity, delta))
 
 
+def resolved_preprocess_device(requested: str) -> str:
+    """cpu or cuda; auto picks the GPU when torch sees one."""
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested
+
+
 def scheduler_settings(config: EngineConfig, mm_utils_sha256: str) -> SchedulerSettings:
     return SchedulerSettings(
         sglang_source=config.sglang_source,
@@ -290,6 +305,15 @@ def run_engine(
             "transport cuda_ipc needs a CUDA GPU; use transport: cpu on this host"
         )
         return 2
+    if config.preprocess_device == "cuda" and not torch.cuda.is_available():
+        logger.error(
+            "preprocess device cuda needs a CUDA GPU; use preprocess_device: auto "
+            "or cpu on this host"
+        )
+        return 2
+    if config.intra_op_threads is not None:
+        torch.set_num_threads(config.intra_op_threads)
+        logger.info("intra-op threads forced to %d", torch.get_num_threads())
     variant = load_variant_transport(config.sglang_source)
     logger.info(
         "loaded ShmPointerMMData from %s (sha256 %s)",
