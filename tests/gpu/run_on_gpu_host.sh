@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# config/gpu-host.yaml on our GPU host (one H200, 16 CPUs, cgroup v2, no network).
+#
+#   tests/gpu/run_on_gpu_host.sh OUT check
+#       host description, then the GPU and cgroup tests (preprocessing on the GPU,
+#       both transports, real quota groups); stops at the first failure
+#   tests/gpu/run_on_gpu_host.sh OUT study SECONDS TARGET...
+#       snakemake on config/gpu-host.yaml for at most SECONDS (then interrupted,
+#       so that every server is torn down), and the results packed into OUT
+#
+# The host has no network: what it lacks travels in .device/ (git-ignored), made here
+# as docs/results/gpu-host/README.md says: .device/wheels (snakemake and its needs for
+# the host's Python 3.12) and .device/downloads (the SGLang 0.5.23 wheel for it).
+set -uo pipefail
+out=$1
+mode=$2
+shift 2
+
+export PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+if [ -d .device/wheels ]; then
+    if [ ! -d /tmp/site/snakemake ]; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+            --upgrade --target /tmp/site .device/wheels/*.whl || exit 1
+    fi
+    export PYTHONPATH="$PYTHONPATH:/tmp/site"
+    mkdir -p resources/downloads .pytest_cache/d/sglang-wheels
+    cp -n .device/downloads/*.whl resources/downloads/
+    cp -n .device/downloads/*.whl .pytest_cache/d/sglang-wheels/
+fi
+
+case "$mode" in
+check)
+    {
+        nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
+        echo "cpus: $(nproc)"
+        lscpu | grep -E "Model name|Thread|Core|Socket"
+        echo "cgroup: $(cat /proc/self/cgroup)"
+        echo "root controllers: $(cat /sys/fs/cgroup/cgroup.controllers 2>/dev/null)"
+        python3 -c "import sys, torch; print(sys.version.split()[0], torch.__version__,
+torch.version.cuda, torch.cuda.get_device_name(0), torch.get_num_threads())"
+    } 2>&1 | tee "$out/host.txt"
+    python3 -m pytest -q -x -p no:randomly \
+        tests/test_engine_preprocess.py tests/test_cgroups.py \
+        "tests/test_engine_server.py::test_on_a_gpu_images_are_preprocessed_there_and_both_transports_serve" \
+        2>&1 | tee "$out/check.log"
+    ;;
+study)
+    seconds=$1
+    shift
+    timeout --signal=INT --kill-after=60 "$seconds" \
+        python3 -m snakemake --cores "$(nproc)" --scheduler greedy \
+        --configfile config/gpu-host.yaml --rerun-incomplete "$@" \
+        2>&1 | tee "$out/snakemake.log"
+    status=$?
+    tar -czf "$out/results.tgz" results/gpu-host results/variants/*.json \
+        results/logs 2>/dev/null
+    exit "$status"
+    ;;
+*)
+    echo "unknown mode $mode (check or study)" >&2
+    exit 2
+    ;;
+esac
