@@ -393,12 +393,13 @@ def _check_room_for_groups(own: _Layout) -> None:
                 "mounted cgroup filesystem (a container with a partial view?), so no "
                 f"group can be created below it. {NO_QUOTA_HINT}"
             )
-    if own.version == 2 and "cpu" not in _v2_controllers(own.cpu_directory):
+    if own.version == 2 and not _v2_bases(own.cpu_directory):
         raise QuotaUnavailable(
             f"The cpu controller is not delegated to this process's cgroup "
-            f"{own.cpu_directory} (its cgroup.controllers lacks `cpu`), so a CPU "
-            "quota cannot be set below it. Run as root on the host, or under "
-            f"`systemd-run --scope -p Delegate=yes`. {NO_QUOTA_HINT}"
+            f"{own.cpu_directory} (its cgroup.controllers lacks `cpu`), and the "
+            "hierarchy's root is not writable, so a CPU quota cannot be set. Run "
+            "as root on the host, or under `systemd-run --scope -p Delegate=yes`. "
+            f"{NO_QUOTA_HINT}"
         )
 
 
@@ -442,10 +443,8 @@ def _create_v2(own_directory: Path, name: str) -> _Layout:
     with EBUSY when we are not alone in a leaf, and with ENOENT when `cpu` was never
     delegated to our cgroup; then the hierarchy root is used.
     """
-    root = _v2_root_of(own_directory)
-    candidates = [own_directory] if own_directory == root else [own_directory, root]
     last_error: OSError | None = None
-    for base in candidates:
+    for base in _v2_bases(own_directory):
         try:
             _enable_cpu_controller(base)
             parent = base / PARENT_GROUP_NAME
@@ -464,6 +463,18 @@ def _create_v2(own_directory: Path, name: str) -> _Layout:
             last_error = error
     assert last_error is not None
     raise last_error
+
+
+def _v2_bases(own_directory: Path) -> list[Path]:
+    """Where a group may be made: below our own cgroup when `cpu` is delegated to
+    it, else (as root, which may write there) below the hierarchy's root."""
+    bases = []
+    if "cpu" in _v2_controllers(own_directory):
+        bases.append(own_directory)
+    root = _v2_root_of(own_directory)
+    if root not in bases and os.access(root / "cgroup.subtree_control", os.W_OK):
+        bases.append(root)
+    return bases
 
 
 def _v2_root_of(directory: Path) -> Path:
