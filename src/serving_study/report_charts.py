@@ -468,7 +468,9 @@ def heatmap_panel(
     data = data[["intra_op_threads", "cpu_quota", value]].dropna(subset=[value])
     base = alt.Chart(data).encode(x=x, y=y)
     cells = base.mark_rect().encode(
-        color=alt.Color(f"{value}:Q", scale=scale, title=None),
+        color=alt.Color(
+            f"{value}:Q", scale=scale, title=None, legend=alt.Legend(format=".3g")
+        ),
         tooltip=[
             "intra_op_threads",
             "cpu_quota",
