@@ -492,14 +492,8 @@ def table_sections(tables: dict[str, pd.DataFrame], config: dict) -> dict[str, s
 
 
 def map_cells_html(cells: pd.DataFrame) -> str:
-    columns = (
-        "throughput_rps",
-        "ttft_p50_ms",
-        "main_cpu_percent",
-        "cores_used",
-        "throttled_share",
-        "torch_threads",
-    )
+    # The cell figures the table holds, without those no cell measured (GPU).
+    columns = [c for c in cells.columns if c in METRICS and cells[c].notna().any()]
     header = ["variant", "intra-op threads", "quota (cores)", "valid"] + [
         f"{METRICS[column].label} ({METRICS[column].unit})" for column in columns
     ]

@@ -95,6 +95,20 @@ def smart_resize(
     return resized_height, resized_width
 
 
+def merge_block_shape(grid_height: int, grid_width: int) -> tuple[int, ...]:
+    """Channel-first pixels viewed as 2x2 blocks of patches. Axes: channel, block
+    row, row in block, pixel row, block column, column in block, pixel column."""
+    return (
+        CHANNELS,
+        grid_height // MERGE_SIZE,
+        MERGE_SIZE,
+        PATCH_SIZE,
+        grid_width // MERGE_SIZE,
+        MERGE_SIZE,
+        PATCH_SIZE,
+    )
+
+
 def preprocess_image(image: Image.Image) -> ImageFeatures:
     """Resize, normalise and cut one RGB image into Qwen3-VL patch rows."""
     height, width = smart_resize(image.height, image.width)
@@ -107,17 +121,7 @@ def preprocess_image(image: Image.Image) -> ImageFeatures:
     pixels /= IMAGE_STD
 
     grid_height, grid_width = height // PATCH_SIZE, width // PATCH_SIZE
-    # Axes: channel, block row, row in block, pixel row, block column,
-    # column in block, pixel column.
-    blocks = pixels.reshape(
-        CHANNELS,
-        grid_height // MERGE_SIZE,
-        MERGE_SIZE,
-        PATCH_SIZE,
-        grid_width // MERGE_SIZE,
-        MERGE_SIZE,
-        PATCH_SIZE,
-    )
+    blocks = pixels.reshape(merge_block_shape(grid_height, grid_width))
     # Rows in Qwen2-VL order: block row, block column, row in block, column in
     # block; each row holds channel, frame, pixel row, pixel column.
     ordered = blocks.transpose(1, 4, 2, 5, 0, 3, 6)[:, :, :, :, :, np.newaxis]
@@ -158,15 +162,7 @@ def preprocess_image_on_device(
     pixels = (pixels * (1 / 255) - IMAGE_MEAN) / IMAGE_STD
 
     grid_height, grid_width = height // PATCH_SIZE, width // PATCH_SIZE
-    blocks = pixels.reshape(
-        CHANNELS,
-        grid_height // MERGE_SIZE,
-        MERGE_SIZE,
-        PATCH_SIZE,
-        grid_width // MERGE_SIZE,
-        MERGE_SIZE,
-        PATCH_SIZE,
-    )
+    blocks = pixels.reshape(merge_block_shape(grid_height, grid_width))
     ordered = blocks.permute(1, 4, 2, 5, 0, 3, 6).unsqueeze(5)
     frames = ordered.expand(
         ordered.shape[:5] + (TEMPORAL_PATCH_SIZE,) + ordered.shape[6:]
