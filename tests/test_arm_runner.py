@@ -126,10 +126,27 @@ def kill_once_measuring(pick, signal_number=signal.SIGKILL) -> threading.Thread:
     return watcher
 
 
+@pytest.fixture(autouse=True)
+def descendants_before_the_test():
+    """Children this test did not start (e.g. a multiprocessing resource tracker
+    an earlier test of the session left) are no leak of the run under test."""
+    ALREADY_RUNNING.clear()
+    ALREADY_RUNNING.update(process.pid for process in own_descendants())
+
+
+ALREADY_RUNNING: set[int] = set()
+
+
 def assert_nothing_left(directory: Path) -> None:
     for name in ("metrics.json", "requests.jsonl", "monitors.json", "provenance.json"):
         assert (directory / name).exists(), name
-    assert not [p for p in own_descendants() if p.status() != psutil.STATUS_ZOMBIE]
+    left = [
+        process
+        for process in own_descendants()
+        if process.pid not in ALREADY_RUNNING
+        and process.status() != psutil.STATUS_ZOMBIE
+    ]
+    assert not left, [process.cmdline() for process in left]
     assert not leaked_segments()
     for hierarchy in ("cpu", "cpuacct"):
         parent = Path("/sys/fs/cgroup") / hierarchy / "serving-study"
