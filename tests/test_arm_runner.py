@@ -137,15 +137,20 @@ def descendants_before_the_test():
 ALREADY_RUNNING: set[int] = set()
 
 
-def assert_nothing_left(directory: Path) -> None:
-    for name in ("metrics.json", "requests.jsonl", "monitors.json", "provenance.json"):
-        assert (directory / name).exists(), name
-    left = [
+def new_descendants() -> list[psutil.Process]:
+    """Live children this test started (zombies only wait to be reaped)."""
+    return [
         process
         for process in own_descendants()
         if process.pid not in ALREADY_RUNNING
         and process.status() != psutil.STATUS_ZOMBIE
     ]
+
+
+def assert_nothing_left(directory: Path) -> None:
+    for name in ("metrics.json", "requests.jsonl", "monitors.json", "provenance.json"):
+        assert (directory / name).exists(), name
+    left = new_descendants()
     assert not left, [process.cmdline() for process in left]
     assert not leaked_segments()
     for hierarchy in ("cpu", "cpuacct"):
@@ -198,7 +203,7 @@ def test_sigterm_mid_run_cleans_up_and_writes_no_metrics(variant, workload, tmp_
         run(variant, workload, tmp_path)
     watcher.join()
     assert not (tmp_path / "metrics.json").exists()
-    assert not [p for p in own_descendants() if p.status() != psutil.STATUS_ZOMBIE]
+    assert not new_descendants()
     assert not leaked_segments()
 
 
