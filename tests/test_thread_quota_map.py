@@ -158,9 +158,11 @@ def test_a_real_map_row_forces_threads_and_changes_the_quota_live(tmp_path):
         assert measured["torch_threads"] == 3
     quotas = [c["checks"]["quota_in_force_cores"] for c in cells]
     assert quotas == [None, pytest.approx(0.5)]
-    # Without a quota the cgroup counts no periods; under 0.5 cores it throttles.
+    # The kernel counts quota periods only while a quota is set (a share of
+    # throttled periods then exists, whether or not this light load hit it): the
+    # live change reached the kernel.
     throttled = [c["throttled_share"] for c in cells]
-    assert not throttled[0] and throttled[1] > 0
+    assert throttled[0] is None and throttled[1] is not None
 
     table = pd.read_csv(results / "tables" / "thread_quota_map.csv")
     assert len(table) == 2 and table["valid"].all()
