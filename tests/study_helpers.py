@@ -10,9 +10,12 @@ TEST_CONFIG = ROOT / "config" / "test" / "config.yaml"
 
 
 def snakemake_command(
-    workdir: Path, *arguments: str, config: Path = TEST_CONFIG
+    workdir: Path, *arguments: str, config: Path | tuple[Path, ...] = TEST_CONFIG
 ) -> list[str]:
-    """This workflow's Snakemake on ``config``, working in ``workdir``."""
+    """This workflow's Snakemake on ``config`` (one file, or several merged in
+    order), working in ``workdir``. The config files come last, so that no target
+    among ``arguments`` is taken for one."""
+    configs = config if isinstance(config, tuple) else (config,)
     return [
         sys.executable,
         "-m",
@@ -21,9 +24,9 @@ def snakemake_command(
         str(ROOT / "Snakefile"),
         "--directory",
         str(workdir),
-        "--configfile",
-        str(config),
         *arguments,
+        "--configfile",
+        *(str(path) for path in configs),
     ]
 
 

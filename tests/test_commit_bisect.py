@@ -16,12 +16,11 @@ import os
 import shutil
 import statistics
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
-from study_helpers import leaked_segments
+from study_helpers import leaked_segments, snakemake_command
 
 from serving_study.commit_bisect import (
     BAD,
@@ -247,19 +246,12 @@ def test_bad_bisect_settings_are_refused(change, message):
 
 def test_dry_run_of_the_bisect_schedules_one_job_and_no_arm(tmp_path):
     finished = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
+        snakemake_command(
+            tmp_path,
             "-n",
-            "-s",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(tmp_path),
             "results/release-bisect/bisect.json",
-            "--configfile",
-            str(ROOT / "config" / "bisect.yaml"),
-        ],
+            config=ROOT / "config" / "bisect.yaml",
+        ),
         capture_output=True,
         text=True,
     )
@@ -343,20 +335,13 @@ def test_real_bisect_finds_the_commit_that_switched_to_torch_copy(
     workdir.mkdir()
 
     finished = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
+        snakemake_command(
+            workdir,
             "--cores",
             "1",
-            "-s",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(workdir),
             "results/bisect-test/bisect.json",
-            "--configfile",
-            str(config_file),
-        ],
+            config=config_file,
+        ),
         capture_output=True,
         text=True,
         timeout=600,

@@ -19,6 +19,7 @@ import psutil
 import pytest
 import requests
 from PIL import Image
+from study_helpers import snakemake_command
 
 from serving_study.client import ServerNeverHealthy, wait_until_healthy
 from serving_study.container_runtime import (
@@ -421,20 +422,9 @@ def docker_study(docker_engine, tmp_path_factory) -> Path:
     """config/test/docker.yaml run for real by Snakemake: two images, two arms."""
     workdir = tmp_path_factory.mktemp("docker-study")
     finished = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-s",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(workdir),
-            "--configfile",
-            str(ROOT / "config/test/docker.yaml"),
-            "--cores",
-            "1",
-            "all",
-        ],
+        snakemake_command(
+            workdir, "--cores", "1", "all", config=ROOT / "config/test/docker.yaml"
+        ),
         capture_output=True,
         text=True,
         timeout=1800,

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from study_helpers import snakemake_command
 
 from serving_study.model_snapshot import (
     HUGGINGFACE_HUB_PIN,
@@ -218,21 +219,13 @@ def test_the_model_rule_records_a_local_snapshot(tmp_path):
     target = "resources/models/Qwen--Qwen3-VL-4B-Instruct/snapshot.json"
 
     finished = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-s",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(tmp_path / "work"),
-            "--configfile",
-            str(ROOT / "config" / "p4.yaml"),
-            str(local),
+        snakemake_command(
+            tmp_path / "work",
             "--cores",
             "1",
             target,
-        ],
+            config=(ROOT / "config" / "p4.yaml", local),
+        ),
         capture_output=True,
         text=True,
         timeout=300,

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from study_helpers import snakemake_command
 
 from serving_study.config import check_config
 from serving_study.sglang_commands import (
@@ -239,20 +240,13 @@ def test_a_local_server_loads_the_model_from_its_host_path():
 
 def start_commands_rule(workdir: Path, experiment: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "-s",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(workdir),
-            "--configfile",
-            str(ROOT / "config" / f"{experiment}.yaml"),
+        snakemake_command(
+            workdir,
             "--cores",
             "1",
             "commands",
-        ],
+            config=ROOT / "config" / f"{experiment}.yaml",
+        ),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

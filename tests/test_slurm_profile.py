@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from study_helpers import snakemake_command
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "profiles" / "slurm"
@@ -62,21 +63,9 @@ def test_profile_submits_to_slurm_with_a_request_for_every_job():
 
 def planned_jobs(workdir: Path) -> str:
     finished = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "snakemake",
-            "all",
-            "--dry-run",
-            "--snakefile",
-            str(ROOT / "Snakefile"),
-            "--directory",
-            str(workdir),
-            "--workflow-profile",
-            str(PROFILE),
-            "--configfile",
-            str(CONFIG),
-        ],
+        snakemake_command(
+            workdir, "all", "--dry-run", "--workflow-profile", str(PROFILE)
+        ),
         capture_output=True,
         text=True,
         timeout=300,
