@@ -425,14 +425,16 @@ def thread_quota_map(cells: pd.DataFrame) -> dict:
     variants = list(dict.fromkeys(cells["variant"]))
     x = alt.X("intra_op_threads:O", sort=threads, title="intra-op threads (forced)")
     y = alt.Y("cpu_quota:O", sort=quotas, title="CPU quota (cores)")
+    # Every variant on one scale from zero (1 when no cell was valid).
     top = cells["throughput_rps"].max()
+    top = top if pd.notna(top) else 1
     panels = [
         heatmap_panel(
             cells[cells["variant"] == variant],
             x,
             y,
             "throughput_rps",
-            alt.Scale(scheme="viridis", domain=[0, top if top == top else 1]),
+            alt.Scale(scheme="viridis", domain=[0, top]),
             f"{variant}: throughput (req/s)",
         )
         for variant in variants

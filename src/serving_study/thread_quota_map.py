@@ -107,58 +107,49 @@ def run_map_row(
     quotas = settings["cpu_quotas"]
     cell_client = client | {"warmup_requests": settings["warmup_requests"]}
     cells_dir.mkdir(parents=True, exist_ok=True)
-    first_arm = cell_arm(settings, variant_name, threads, quotas[0])
-    row_log = cells_dir / "server.log"
-    row_log.write_text("")
     server_paths = RunPaths.in_directory(cells_dir)
+    server_paths.server_log.write_text("")
     group_name = f"{experiment}-map-{variant_name}-t{threads}-{os.getpid()}"
-    cells: list[dict] = []
-    server = None
     try:
-        try:
-            server, base_url = start_healthy_server(
-                engine,
-                variant,
-                first_arm,
-                group_name,
-                server_paths,
-                cell_client,
-                workload_manifest,
-            )
-            server_info = read_server_info(base_url)
-        except ArmFailed as failure:
-            reason = f"the row's server never served: {str(failure).splitlines()[0]}"
-            return [
-                failed_cell(settings, variant_name, threads, quota, reason)
-                for quota in quotas
-            ]
+        # On failure it has stopped its server already: nothing to tear down here.
+        server, base_url = start_healthy_server(
+            engine,
+            variant,
+            cell_arm(settings, variant_name, threads, quotas[0]),
+            group_name,
+            server_paths,
+            cell_client,
+            workload_manifest,
+        )
+    except ArmFailed as failure:
+        reason = f"the row's server never served: {str(failure).splitlines()[0]}"
+        return [
+            failed_cell(settings, variant_name, threads, quota, reason)
+            for quota in quotas
+        ]
+    cells: list[dict] = []
+    try:
         write_json(
             cells_dir / "server.json",
             {
                 "server_argv": server.argv,
                 "environment_in_force": recorded_environment(server.environment),
-                "server_info": server_info,
+                "server_info": read_server_info(base_url),
                 "started_at": now_iso(),
             },
         )
         for quota in quotas:
-            arm = cell_arm(settings, variant_name, threads, quota)
             if server.exit_code() is not None:
+                reason = f"the row's server had exited (code {server.exit_code()})"
                 cells.append(
-                    failed_cell(
-                        settings,
-                        variant_name,
-                        threads,
-                        quota,
-                        f"the row's server had exited (code {server.exit_code()})",
-                    )
+                    failed_cell(settings, variant_name, threads, quota, reason)
                 )
                 continue
             cells.append(
                 measure_cell(
                     server,
                     base_url,
-                    arm,
+                    cell_arm(settings, variant_name, threads, quota),
                     engine,
                     workload_manifest,
                     cell_client,
@@ -167,8 +158,7 @@ def run_map_row(
                 )
             )
     finally:
-        if server is not None:
-            server.stop()
+        server.stop()
     return cells
 
 
