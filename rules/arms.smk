@@ -11,6 +11,7 @@ rule run_arm:
         host="results/{experiment}/host.json",
         image=image_of_arm,
         model=model_of_engine,
+        runtime=sglang_runtime_of_engine,
     output:
         metrics="results/{experiment}/{arm}/run{run}/metrics.json",
         requests="results/{experiment}/{arm}/run{run}/requests.jsonl",

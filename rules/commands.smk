@@ -17,7 +17,9 @@ rule launch_commands:
         runtime=config["runtime"],
         arm=lambda wildcards: ARMS[wildcards.arm],
         sglang=config["sglang"],
+        device=SGLANG_PLATFORM.device if SGLANG_PLATFORM else None,
         model_download_directory=model_download_directory(),
+        tiny_model_directory=tiny_model_directory(),
         quota_during_startup=config["client"]["quota_during_startup"],
     script:
         "../scripts/launch_commands.py"

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from serving_study.model_snapshot import model_host_path
 from serving_study.sglang_commands import arm_launch_commands
+from serving_study.sglang_platform import platform_for
 from serving_study.sources import write_json
 
 sys.stderr = open(snakemake.log[0], "w")
@@ -17,15 +18,20 @@ if snakemake.params.engine != "sglang":
         f"{snakemake.params.engine!r} (run it with: snakemake --cores 1 all)"
     )
 sglang = dict(snakemake.params.sglang)
+tiny_model = snakemake.params.tiny_model_directory
 commands = arm_launch_commands(
     experiment=snakemake.wildcards.experiment,
     arm=dict(snakemake.params.arm),
     sglang_settings=sglang,
     runtime=snakemake.params.runtime,
     model_host_path=str(
-        model_host_path(sglang, Path(snakemake.params.model_download_directory))
+        Path(tiny_model).resolve()
+        if tiny_model
+        else model_host_path(sglang, Path(snakemake.params.model_download_directory))
     ),
     quota_during_startup=snakemake.params.quota_during_startup,
+    platform=platform_for(snakemake.params.device),
+    load_format="dummy" if tiny_model else None,
 )
 write_json(Path(snakemake.output.commands), commands)
 logging.info("%s", " ".join(commands["container_argv"] or commands["server_argv"]))

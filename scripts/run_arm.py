@@ -16,9 +16,14 @@ logging.basicConfig(
 
 engine = dict(snakemake.params.engine)
 if snakemake.input.model:
-    # Where the model rule checked (or downloaded) the snapshot on this host.
+    # Where the model rule checked (or downloaded, or wrote) the snapshot here.
     snapshot = json.loads(Path(snakemake.input.model[0]).read_text())
     engine["model_host_path"] = snapshot["path"]
+    engine["model_load_format"] = snapshot.get("load_format")
+if snakemake.input.runtime:
+    # The SGLang server runtime the workflow built for this host's CPU.
+    runtime = json.loads(Path(snakemake.input.runtime[0]).read_text())
+    engine["runtime_python"] = runtime["python"]
 
 run_arm(
     experiment=snakemake.wildcards.experiment,

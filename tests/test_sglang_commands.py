@@ -29,6 +29,7 @@ from serving_study.sglang_commands import (
     sglang_server_argv,
     sglang_server_environment,
 )
+from serving_study.sglang_platform import CPU_PLATFORM, GPU_PLATFORM
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_EXPERIMENTS = ("b1", "p4", "p5", "p6b")
@@ -110,7 +111,7 @@ def flag_values(argv: list[str], flag: str) -> list[str]:
 @pytest.mark.parametrize("experiment, arm", every_arm())
 def test_every_arm_spells_out_transport_and_caches(experiment, arm):
     settings = experiment_config(experiment)["sglang"]
-    argv = sglang_server_argv(arm, settings, MODEL_PATH, 30000)
+    argv = sglang_server_argv(arm, settings, MODEL_PATH, 30000, GPU_PLATFORM)
 
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     assert flag_values(argv, "--mm-feature-transport") == [arm["transport"]]
@@ -125,7 +126,7 @@ def test_every_arm_spells_out_transport_and_caches(experiment, arm):
 @pytest.mark.parametrize("experiment, arm", every_arm())
 def test_every_arm_turns_the_environment_only_caches_off(experiment, arm):
     settings = experiment_config(experiment)["sglang"]
-    environment = sglang_server_environment(arm, settings)
+    environment = sglang_server_environment(arm, settings, GPU_PLATFORM)
 
     assert environment["SGLANG_VLM_CACHE_SIZE_MB"] == "0"
     assert environment["SGLANG_MM_FEATURE_CACHE_MB"] == "1024"
@@ -139,7 +140,7 @@ def test_both_transports_are_explicit_even_where_sglang_would_choose():
     settings = experiment_config("p4")["sglang"]
     transports = {
         arm["name"]: flag_values(
-            sglang_server_argv(arm, settings, MODEL_PATH, 1),
+            sglang_server_argv(arm, settings, MODEL_PATH, 1, GPU_PLATFORM),
             "--mm-feature-transport",
         )
         for arm in arms
@@ -158,7 +159,9 @@ def test_memory_settings_then_extra_then_arm_arguments():
     arm = experiment_config("p4")["arms"][0] | {
         "server_args": ["--max-running-requests", "16"]
     }
-    argv = sglang_server_argv(arm, settings, MODEL_PATH, 31000, python="/venv/python")
+    argv = sglang_server_argv(
+        arm, settings, MODEL_PATH, 31000, GPU_PLATFORM, python="/venv/python"
+    )
 
     assert argv[0] == "/venv/python"
     assert flag_values(argv, "--mem-fraction-static") == ["0.8"]
@@ -180,7 +183,7 @@ def test_extra_arguments_may_not_override_a_config_key(extra, arm_arguments, nam
     settings = experiment_config("p4")["sglang"] | {"extra_server_args": extra}
     arm = experiment_config("p4")["arms"][0] | {"server_args": arm_arguments}
     with pytest.raises(ServerArgumentConflict, match=named.replace("[", r"\[")):
-        sglang_server_argv(arm, settings, MODEL_PATH, 30000)
+        sglang_server_argv(arm, settings, MODEL_PATH, 30000, GPU_PLATFORM)
 
 
 def test_the_quota_is_in_the_container_argv_only_when_given_at_start():
@@ -193,6 +196,7 @@ def test_the_quota_is_in_the_container_argv_only_when_given_at_start():
             runtime="docker",
             model_host_path="/data/qwen",
             quota_during_startup=quota_during_startup,
+            platform=GPU_PLATFORM,
         )
         for quota_during_startup in (True, False)
     }
@@ -212,6 +216,7 @@ def test_a_hugging_face_cache_snapshot_is_mounted_with_its_blobs():
         runtime="docker",
         model_host_path=f"{cache}/snapshots/{'a' * 40}",
         quota_during_startup=False,
+        platform=GPU_PLATFORM,
     )
     assert flag_values(launch["container_argv"], "--volume") == [
         f"{cache}:{MODEL_PATH}:ro"
@@ -230,6 +235,7 @@ def test_a_local_server_loads_the_model_from_its_host_path():
         runtime="local",
         model_host_path="/data/qwen",
         quota_during_startup=False,
+        platform=GPU_PLATFORM,
     )
     assert launch["container_argv"] is None
     assert flag_values(launch["server_argv"], "--model-path") == ["/data/qwen"]
@@ -289,7 +295,7 @@ def test_the_rule_writes_every_arm_with_its_container(written_commands):
             arm = arms[name]
             model_path = container_model_path(config["sglang"]["model"])
             assert commands["server_argv"] == sglang_server_argv(
-                arm, config["sglang"], model_path, 30000
+                arm, config["sglang"], model_path, 30000, GPU_PLATFORM
             )
             container = commands["container_argv"]
             assert container[:2] == ["docker", "run"]
@@ -370,7 +376,9 @@ def memory_and_extra_arguments() -> list[str]:
         "max_total_tokens": 150000,
         "extra_server_args": ["--max-running-requests", "32"],
     }
-    return sglang_server_argv(config["arms"][1], settings, MODEL_PATH, 30001)
+    return sglang_server_argv(
+        config["arms"][1], settings, MODEL_PATH, 30001, GPU_PLATFORM
+    )
 
 
 # What SGLang lacks must fail, as it would on a GPU host.
@@ -434,3 +442,58 @@ def test_sglang_0_5_23_refuses_what_it_does_not_know(sglang_answers):
     """The check is SGLang's own: it is not a list of flags we keep."""
     assert "invalid choice: 'shm'" in sglang_answers["unknown transport"]["error"]
     assert "unrecognized arguments" in sglang_answers["unknown flag"]["error"]
+
+
+# --- one code path for CPU and GPU hosts ------------------------------------------
+
+
+def test_a_cpu_host_gets_the_cpu_engine_flags_and_dummy_weights_only_there():
+    config = experiment_config("p4")
+    arm, settings = config["arms"][0], config["sglang"]
+    on_gpu = sglang_server_argv(arm, settings, MODEL_PATH, 30000, GPU_PLATFORM)
+    on_cpu = sglang_server_argv(
+        arm, settings, MODEL_PATH, 30000, CPU_PLATFORM, load_format="dummy"
+    )
+
+    assert flag_values(on_cpu, "--device") == ["cpu"]
+    assert flag_values(on_cpu, "--attention-backend") == ["torch_native"]
+    assert "--sleep-on-idle" in on_cpu and "--disable-cuda-graph" in on_cpu
+    assert flag_values(on_cpu, "--load-format") == ["dummy"]
+    assert "--device" not in on_gpu and "--load-format" not in on_gpu
+    # Everything the config sets is the same on both.
+    for flag in ("--mm-feature-transport", "--model-path", "--served-model-name"):
+        assert flag_values(on_cpu, flag) == flag_values(on_gpu, flag)
+    assert (
+        sglang_server_environment(arm, settings, CPU_PLATFORM)["SGLANG_USE_CPU_ENGINE"]
+        == "1"
+    )
+    assert "SGLANG_USE_CPU_ENGINE" not in sglang_server_environment(
+        arm, settings, GPU_PLATFORM
+    )
+
+
+def test_a_cpu_container_gets_no_gpus_and_the_cpu_image():
+    config = experiment_config("b1")
+    launch = arm_launch_commands(
+        experiment="b1",
+        arm=config["arms"][0],
+        sglang_settings=config["sglang"],
+        runtime="docker",
+        model_host_path="/data/tiny",
+        quota_during_startup=True,
+        platform=CPU_PLATFORM,
+        load_format="dummy",
+    )
+    assert "--gpus" not in launch["container_argv"]
+    assert "localhost/serving-study-sglang-cpu:original" in launch["container_argv"]
+    assert launch["device"] == "cpu"
+    assert launch["model"]["load_format"] == "dummy"
+
+
+@pytest.mark.parametrize("flag", ["--device", "--load-format=dummy"])
+def test_the_platform_flags_cannot_be_overridden(flag):
+    settings = experiment_config("p4")["sglang"] | {"extra_server_args": [flag]}
+    with pytest.raises(ServerArgumentConflict):
+        sglang_server_argv(
+            experiment_config("p4")["arms"][0], settings, MODEL_PATH, 1, CPU_PLATFORM
+        )

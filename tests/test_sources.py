@@ -157,7 +157,7 @@ def test_an_unreachable_repository_says_how_to_use_a_local_copy(url, tmp_path):
     assert not (tmp_path / "sglang-base").exists()
 
 
-def test_a_local_directory_keeps_only_the_package_sources(tmp_path):
+def test_a_local_directory_keeps_the_package_without_bytecode(tmp_path):
     checkout = tmp_path / "checkout"
     for relative, content in {
         "sglang/__init__.py": b"",
@@ -175,7 +175,12 @@ def test_a_local_directory_keeps_only_the_package_sources(tmp_path):
         for p in (tmp_path / "out" / "python").rglob("*")
         if p.is_file()
     )
-    assert files == ["python/sglang/__init__.py", MM_UTILS]
+    # A real server imports the compiled extensions; bytecode is rebuilt.
+    assert files == [
+        "python/sglang/__init__.py",
+        "python/sglang/srt/kernels.so",
+        MM_UTILS,
+    ]
     assert identity["kind"] == "path" and identity["sha256"] is None
 
 
@@ -191,10 +196,12 @@ def test_a_local_wheel_is_unpacked_to_the_repository_layout(tmp_path):
 
     out = tmp_path / "out"
     assert (out / MM_UTILS).read_text() == "copy = 'wheel'\n"
-    assert (
-        not list(out.rglob("*.so"))
-        and not (out / "python" / "sglang-9.9.9.dist-info").exists()
-    )
+    # The package whole (a real server imports its compiled extensions), and
+    # nothing of the wheel beside it.
+    assert [path.name for path in out.rglob("*.so")] == [
+        "native.cpython-311-x86_64-linux-gnu.so"
+    ]
+    assert not (out / "python" / "sglang-9.9.9.dist-info").exists()
     assert (out / "archive" / wheel.name).read_bytes() == wheel.read_bytes()
     assert identity["sha256"] == file_sha256(wheel)
 

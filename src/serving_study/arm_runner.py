@@ -45,12 +45,18 @@ from serving_study.server_environment import (
     redacted,
     server_environment,
 )
+from serving_study.server_log_facts import (
+    inline_fallback_reported,
+    main_process_load,
+    stand_in_calls,
+)
 from serving_study.sglang_commands import (
     model_mount,
     served_model_name,
     sglang_server_argv,
     sglang_server_environment,
 )
+from serving_study.sglang_platform import SGLangPlatform, platform_for, python_path
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +109,9 @@ def server_argv(engine: dict, variant: dict, arm: dict, port: int) -> list[str]:
             engine["sglang"],
             sglang_model_path(engine),
             port,
-            python="python3" if in_container(engine) else sys.executable,
+            sglang_platform(engine),
+            load_format=engine.get("model_load_format"),
+            python=sglang_python(engine),
         )
     argv = embedded_server_argv(
         sglang_python_root=(
@@ -121,6 +129,20 @@ def server_argv(engine: dict, variant: dict, arm: dict, port: int) -> list[str]:
     return argv
 
 
+def sglang_platform(engine: dict) -> SGLangPlatform:
+    return platform_for(engine["sglang_device"])
+
+
+def sglang_python(engine: dict) -> str:
+    """The interpreter that runs SGLang: the image's, the runtime the workflow
+    built (CPU hosts), or this host's own."""
+    if in_container(engine):
+        return "python3"
+    if sglang_platform(engine).builds_runtime:
+        return engine["runtime_python"]
+    return sys.executable
+
+
 def sglang_model_path(engine: dict) -> str:
     """The model as the SGLang server sees it (mounted inside a container)."""
     host_path = engine["model_host_path"]
@@ -129,12 +151,19 @@ def sglang_model_path(engine: dict) -> str:
     return model_mount(engine["sglang"]["model"], host_path)[2]
 
 
-def arm_environment(engine: dict, arm: dict) -> dict[str, str]:
+def arm_environment(
+    engine: dict, arm: dict, variant: dict | None = None
+) -> dict[str, str]:
     """What the arm's config sets in the server's environment (and, for SGLang,
-    the cache settings SGLang only reads from the environment)."""
-    if engine["engine"] == "sglang":
-        return sglang_server_environment(arm, engine["sglang"])
-    return dict(arm.get("environment", {}))
+    the cache settings SGLang only reads from the environment, and on this host
+    the variant's tree first on the path; an image has its own)."""
+    if engine["engine"] != "sglang":
+        return dict(arm.get("environment", {}))
+    platform = sglang_platform(engine)
+    environment = sglang_server_environment(arm, engine["sglang"], platform)
+    if not in_container(engine) and variant is not None:
+        environment["PYTHONPATH"] = python_path(platform, variant["sglang_python_root"])
+    return environment
 
 
 def model_name(engine: dict) -> str:
@@ -152,6 +181,7 @@ def new_server(
     paths: RunPaths,
     client: dict,
     workload_manifest: Path | None,
+    variant: dict | None = None,
 ) -> LocalServer | ContainerServer:
     """The server of one attempt: on this host, or in a container of its image.
 
@@ -160,11 +190,12 @@ def new_server(
     if not in_container(engine):
         return LocalServer(
             argv,
-            server_environment(os.environ, arm_environment(engine, arm)),
+            server_environment(os.environ, arm_environment(engine, arm, variant)),
             quota_cores(arm),
             name,
             paths.server_log,
             quota_during_startup=client["quota_during_startup"],
+            quota_scope=arm.get("quota_scope", "server"),
         )
     mounts = []
     if engine["engine"] == "sglang":
@@ -208,6 +239,7 @@ def start_healthy_server(
             paths,
             client,
             workload_manifest,
+            variant,
         )
         base_url = f"http://127.0.0.1:{port}"
         try:
@@ -215,6 +247,7 @@ def start_healthy_server(
             wait_until_healthy(
                 base_url, client["health_timeout_s"], process=server.process
             )
+            server.settle_after_start()
             if not client["quota_during_startup"]:
                 server.apply_quota()
             return server, base_url
@@ -310,7 +343,12 @@ def environment_seen(pid: int, names) -> dict:
 
 
 def validity_checks(
-    arm: dict, client: dict, server_info: dict, window: dict, server: LocalServer
+    arm: dict,
+    client: dict,
+    server_info: dict,
+    window: dict,
+    server: LocalServer | ContainerServer,
+    identity: dict,
 ) -> dict:
     quota = server.group.quota_in_force() if server.group else {}
     expected = dict(arm.get("environment", {}))
@@ -319,11 +357,62 @@ def validity_checks(
         "quota_in_force_cores": quota.get("cores"),
         "environment_expected": redacted(expected),
         "environment_seen": redacted(environment_seen(server.pid, expected)),
-        "torch_threads_seen": server_info.get("torch_num_threads"),
         "server_restarted": bool(window.get("server_pids_changed")),
         "max_dispatch_lag_ms_allowed": client["max_dispatch_lag_ms"],
         "warmup_requests": client["warmup_requests"],
+        **identity,
     }
+
+
+def server_identity(
+    engine: dict,
+    arm: dict,
+    variant: dict,
+    server_info: dict,
+    server: LocalServer | ContainerServer,
+) -> dict:
+    """What the running server says it is: the transport it resolved, the
+    ``mm_utils.py`` its main process loaded, its main process's intra-op threads,
+    and (real SGLang) whether an image went inline or a stand-in placeholder ran.
+
+    The embedded engine reports these on ``/server_info``; real SGLang's processes
+    report them in its log (``server_log_facts``). A check this engine cannot make
+    is listed under ``not_checked``, never passed silently.
+    """
+    facts = {
+        "transport_expected": arm["transport"],
+        "mm_utils_sha256_expected": variant["mm_utils_sha256"],
+        "not_checked": [],
+    }
+    if engine["engine"] != "sglang":
+        return facts | {
+            "transport_seen": server_info.get("transport"),
+            "mm_utils_sha256_loaded": server_info.get("mm_utils_sha256"),
+            "torch_threads_seen": server_info.get("torch_num_threads"),
+        }
+    log_text = server.log_path.read_text(errors="replace")
+    main_pid = server.pid if isinstance(server, LocalServer) else None
+    load = main_process_load(log_text, main_pid)
+    calls = stand_in_calls(log_text)
+    facts |= {
+        "transport_seen": server_info.get("mm_feature_transport"),
+        "mm_utils_loaded_from": load.file if load else None,
+        "mm_utils_sha256_loaded": load.sha256 if load else None,
+        "torch_threads_seen": load.torch_threads if load else None,
+        "inline_fallback_reported": inline_fallback_reported(log_text),
+        "stand_in_placeholders_called": sorted(
+            {call.op for call in calls if call.placeholder}
+        ),
+        "stand_in_ops_called": sorted(
+            {f"{call.op} ({call.title})" for call in calls if not call.placeholder}
+        ),
+    }
+    if load is None:
+        facts["not_checked"].append(
+            "mm_utils.py loaded and intra-op threads: the server's main process "
+            "printed no load report (no load probe on its path)"
+        )
+    return facts
 
 
 @contextlib.contextmanager
@@ -405,7 +494,8 @@ def run_arm(
                 f"server exited with code {server.exit_code()} during the run\n"
                 f"{server.log_tail()}"
             )
-        checks = validity_checks(arm, client, server_info, window, server)
+        identity = server_identity(engine, arm, variant, server_info, server)
+        checks = validity_checks(arm, client, server_info, window, server, identity)
         # Afterwards too: its request-path stage totals say where the main process
         # spent its time during the run.
         server_info_after = read_server_info(base_url)

@@ -342,6 +342,11 @@ class CpuQuotaGroup(CpuGroup):
             quota_text = "-1" if quota_us is None else str(quota_us)
             _write(self.cpu_directory / "cpu.cfs_quota_us", quota_text)
 
+    def adopt(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into this group."""
+        for procs_file in self.procs_files():
+            _write(procs_file, str(pid))
+
     def kill_all(self, timeout: float = 10.0) -> None:
         """SIGKILL every process left in the group and wait until it is empty."""
         deadline = time.monotonic() + timeout

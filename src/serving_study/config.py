@@ -155,6 +155,14 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
             problems.append(
                 f"{where}.server_args: only engine 'sglang' takes server arguments"
             )
+        if arm.get("quota_scope") == "main_process" and (
+            config.get("engine") != "sglang" or config.get("runtime") != "local"
+        ):
+            problems.append(
+                f"{where}.quota_scope: main_process needs engine 'sglang' and runtime "
+                "'local' (it moves SGLang's scheduler out of the quota's cgroup); "
+                "use quota_scope: server"
+            )
         if config.get("engine") != "embedded" and "intra_op_threads" in arm:
             problems.append(
                 f"{where}.intra_op_threads: only the embedded engine can force its "
@@ -179,6 +187,12 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
                 f"{where}: a claim compares either numerator/denominator arms or a "
                 "list of 'arms' within a tolerance"
             )
+    sglang = config.get("sglang", {})
+    if "tiny_model" in sglang and sglang.get("model_path"):
+        problems.append(
+            "sglang: give either tiny_model or model_path, not both (tiny_model "
+            "makes its own model)"
+        )
     problems += release_series_problems(config)
     problems += bisect_problems(config, arm_names)
     problems += thread_quota_map_problems(config, variant_names, workload_names)

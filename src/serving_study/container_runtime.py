@@ -358,6 +358,9 @@ class ContainerServer:
             )
         log.info("quota of %g cores in force", self.quota_cores)
 
+    def settle_after_start(self) -> None:
+        """Nothing to move: a container's quota always covers the whole server."""
+
     def quota_seen_inside(self) -> dict | None:
         """The CPU quota as a process inside the container reads it, or None."""
         if self.container_id is None:

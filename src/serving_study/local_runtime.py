@@ -6,6 +6,12 @@ the quota. The client and the monitors stay in the caller's cgroup. Teardown is 
 ``stop()`` that always leaves nothing behind: the process group is terminated, then
 everything still in the cgroup is killed, the cgroup removed, and any shared-memory
 segment the server's processes created is unlinked and reported.
+
+With ``quota_scope="main_process"`` the quota binds the main process alone: once
+the server is up, its model processes (titled ``sglang::...``: scheduler,
+detokenizer) and their children move to a second group without a quota. That
+models a host whose model runs elsewhere (on a GPU), where the main process's own
+CPU is what the quota starves.
 """
 
 import logging
@@ -25,6 +31,10 @@ log = logging.getLogger(__name__)
 SHARED_MEMORY = Path("/dev/shm")
 # SGLang 0.5.23 names segments sgl_shm_<kind>_<creator pid>_<8 hex>.
 SGLANG_SEGMENT_PREFIX = "sgl_shm_"
+# SGLang's load-report slot files carry no pid and outlive the server.
+SGLANG_LOAD_FILES = "sglang_loads_*.shm"
+MODEL_PROCESS_TITLE_PREFIX = "sglang::"
+QUOTA_SCOPES = ("server", "main_process")
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -41,6 +51,24 @@ def log_tail(log_path: Path, lines: int = 30) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
+
+
+def load_report_files() -> set[Path]:
+    return set(SHARED_MEMORY.glob(SGLANG_LOAD_FILES))
+
+
+def model_processes(pids: list[int]) -> list[int]:
+    """Of ``pids``, the processes titled ``sglang::...`` and all their children."""
+    found: set[int] = set()
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            if process.name().startswith(MODEL_PROCESS_TITLE_PREFIX):
+                found.add(pid)
+                found.update(child.pid for child in process.children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    return sorted(found)
 
 
 def segments_created_by(pids: set[int]) -> list[Path]:
@@ -64,7 +92,12 @@ class LocalServer:
         group_name: str,
         log_path: Path,
         quota_during_startup: bool = True,
+        quota_scope: str = "server",
     ):
+        if quota_scope not in QUOTA_SCOPES:
+            raise ValueError(f"quota_scope {quota_scope!r}: one of {QUOTA_SCOPES}")
+        self.quota_scope = quota_scope
+        self.model_group: CpuQuotaGroup | None = None
         self.argv = argv
         self.environment = environment
         self.quota_cores = quota_cores
@@ -75,8 +108,10 @@ class LocalServer:
         self.process: subprocess.Popen | None = None
         self.known_pids: set[int] = set()
         self.leaked_segments: list[str] = []
+        self.load_files_before: set[Path] = set()
 
     def start(self) -> None:
+        self.load_files_before = load_report_files()
         self.group = CpuQuotaGroup.create(
             self.group_name, self.quota_cores if self.quota_during_startup else None
         )
@@ -102,6 +137,26 @@ class LocalServer:
         self.group.set_quota(self.quota_cores)
         log.info("quota of %s cores in force", self.quota_cores)
 
+    def settle_after_start(self) -> None:
+        """Once healthy: with the main-process scope, move the model processes out
+        of the quota's group (see the module's docstring)."""
+        if self.quota_scope != "main_process":
+            return
+        self.model_group = CpuQuotaGroup.create(f"{self.group_name}-model", None)
+        moved = model_processes(self.group.pids())
+        if not moved:
+            raise RuntimeError(
+                "quota_scope main_process: the server has no sglang::* model "
+                "processes to move out of the quota (is this a real SGLang server?)"
+            )
+        for pid in moved:
+            self.model_group.adopt(pid)
+        log.info(
+            "model processes %s moved out of the quota into %s",
+            moved,
+            self.model_group.cpu_directory,
+        )
+
     @property
     def pid(self) -> int:
         return self.process.pid
@@ -113,8 +168,9 @@ class LocalServer:
             self.known_pids.update(child.pid for child in root.children(recursive=True))
         except psutil.NoSuchProcess:
             pass
-        if self.group is not None:
-            self.known_pids.update(self.group.pids())
+        for group in (self.group, self.model_group):
+            if group is not None:
+                self.known_pids.update(group.pids())
 
     def exit_code(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -130,9 +186,10 @@ class LocalServer:
                 self._terminate_process_group(grace_s)
         finally:
             try:
-                if self.group is not None:
-                    self.known_pids.update(self.group.pids())
-                    self.group.remove()
+                for group in (self.group, self.model_group):
+                    if group is not None:
+                        self.known_pids.update(group.pids())
+                        group.remove()
             finally:
                 self._unlink_leaked_segments()
 
@@ -154,15 +211,17 @@ class LocalServer:
         # The scheduler notices its parent's death within a poll interval; give the
         # group a moment before the cgroup removal kills what is left.
         deadline = time.monotonic() + 2.0
-        while (
-            self.group is not None and self.group.pids() and time.monotonic() < deadline
-        ):
+        groups = [group for group in (self.group, self.model_group) if group]
+        while any(group.pids() for group in groups) and time.monotonic() < deadline:
             time.sleep(0.05)
 
     def _unlink_leaked_segments(self) -> None:
         for segment in segments_created_by(self.known_pids):
             self.leaked_segments.append(segment.name)
             segment.unlink(missing_ok=True)
+        # SGLang leaves these by design on shutdown: removed, not counted as leaks.
+        for load_file in load_report_files() - self.load_files_before:
+            load_file.unlink(missing_ok=True)
         if self.leaked_segments:
             log.warning(
                 "removed %d shared-memory segments the server left behind",

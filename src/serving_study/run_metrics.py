@@ -223,6 +223,7 @@ def invalid_reasons(
         *_restart_reasons(monitors, checks),
         *_quota_reasons(monitors, arm, checks),
         *_environment_reasons(arm, checks),
+        *_identity_reasons(checks),
     ]
 
 
@@ -343,6 +344,35 @@ def _environment_reasons(arm: dict, checks: dict) -> list[str]:
     if forced is not None and torch_threads is not None and forced != torch_threads:
         reasons.append(
             f"torch used {torch_threads} intra-op threads, the arm forces {forced}"
+        )
+    return reasons
+
+
+def _identity_reasons(checks: dict) -> list[str]:
+    """The server is not the one under study: another transport or mm_utils.py,
+    an image that skipped shared memory, or a stand-in placeholder that ran."""
+    reasons = []
+    expected, seen = checks.get("transport_expected"), checks.get("transport_seen")
+    if expected and seen and expected != seen:
+        reasons.append(
+            f"the server resolved transport {seen!r}, the arm asks {expected!r}"
+        )
+    expected = checks.get("mm_utils_sha256_expected")
+    loaded = checks.get("mm_utils_sha256_loaded")
+    if expected and loaded and expected != loaded:
+        reasons.append(
+            f"the server's main process loaded an mm_utils.py with sha256 "
+            f"{loaded[:12]}..., the variant's is {expected[:12]}..."
+        )
+    if checks.get("inline_fallback_reported"):
+        reasons.append(
+            "SGLang sent images inline because /dev/shm was full, so the "
+            "shared-memory copy under study was skipped; give the server more /dev/shm"
+        )
+    placeholders = checks.get("stand_in_placeholders_called") or []
+    if placeholders:
+        reasons.append(
+            "the sgl-kernel stand-in's placeholders ran: " + ", ".join(placeholders)
         )
     return reasons
 

@@ -15,6 +15,7 @@ from pathlib import PurePosixPath
 
 from serving_study.container_runtime import container_name, run_command
 from serving_study.images import image_tag
+from serving_study.sglang_platform import SGLangPlatform
 
 SERVER_MODULE = "sglang.launch_server"
 CONTAINER_MODELS_DIRECTORY = PurePosixPath("/models")
@@ -31,6 +32,8 @@ FLAGS_FROM_CONFIG = {
     "--mem-fraction-static": "sglang.mem_fraction_static",
     "--max-total-tokens": "sglang.max_total_tokens",
     "--served-model-name": "sglang.served_model_name",
+    "--device": "sglang.device",
+    "--load-format": "the model (sglang.tiny_model loads dummy weights)",
 }
 
 
@@ -69,16 +72,26 @@ def served_model_name(sglang_settings: dict) -> str:
 
 
 def sglang_server_arguments(
-    arm: dict, sglang_settings: dict, model_path: str, port: int
+    arm: dict,
+    sglang_settings: dict,
+    model_path: str,
+    port: int,
+    platform: SGLangPlatform,
+    load_format: str | None = None,
 ) -> list[str]:
     """The arguments after ``python -m sglang.launch_server`` for one arm.
 
     ``arm`` is one record of the config's ``arms`` (``transport``, ``server_args``);
     ``sglang_settings`` is the config's ``sglang`` section with the schema's
     defaults filled in; ``model_path`` is the model as the server sees it (the
-    container path when the server runs in a container).
+    container path when the server runs in a container); ``platform`` adds what
+    the device needs; ``load_format`` is the model snapshot's (``dummy`` for a
+    tiny model without weight files).
     """
     arguments = ["--model-path", model_path, "--host", "127.0.0.1"]
+    arguments += list(platform.server_flags)
+    if load_format is not None:
+        arguments += ["--load-format", load_format]
     arguments += ["--port", str(port), "--mm-feature-transport", arm["transport"]]
     if sglang_settings["disable_radix_cache"]:
         arguments.append("--disable-radix-cache")
@@ -105,25 +118,30 @@ def sglang_server_argv(
     sglang_settings: dict,
     model_path: str,
     port: int,
+    platform: SGLangPlatform,
     *,
+    load_format: str | None = None,
     python: str = "python3",
 ) -> list[str]:
     """``python3 -m sglang.launch_server ...`` for one arm (see
     ``sglang_server_arguments``); ``python`` is the interpreter that has SGLang
     (``python3`` in the SGLang image)."""
     return [python, "-m", SERVER_MODULE] + sglang_server_arguments(
-        arm, sglang_settings, model_path, port
+        arm, sglang_settings, model_path, port, platform, load_format
     )
 
 
-def sglang_server_environment(arm: dict, sglang_settings: dict) -> dict[str, str]:
+def sglang_server_environment(
+    arm: dict, sglang_settings: dict, platform: SGLangPlatform
+) -> dict[str, str]:
     """The environment variables the server gets from config: the caches that are
-    environment-only in SGLang, offline Hub access, then the arm's own
-    ``environment`` (which wins)."""
+    environment-only in SGLang, offline Hub access, what the platform needs, then
+    the arm's own ``environment`` (which wins)."""
     environment = {
         "SGLANG_VLM_CACHE_SIZE_MB": str(sglang_settings["vlm_cache_size_mb"]),
         "SGLANG_MM_FEATURE_CACHE_MB": str(sglang_settings["mm_feature_cache_mb"]),
         "HF_HUB_OFFLINE": "1",
+        **platform.environment,
     }
     environment.update(arm.get("environment", {}))
     return environment
@@ -147,12 +165,14 @@ def arm_launch_commands(
     runtime: str,
     model_host_path: str,
     quota_during_startup: bool,
+    platform: SGLangPlatform,
+    load_format: str | None = None,
 ) -> dict:
     """Everything that starts one arm's server: its argv, the container argv that
     runs it (None for ``runtime: local``), its environment and the model mount.
 
-    The container has all GPUs, the host's network and IPC namespace, the model
-    mounted read-only, and the arm's CPU quota from the start when
+    The container has the platform's GPUs, the host's network and IPC namespace,
+    the model mounted read-only, and the arm's CPU quota from the start when
     ``quota_during_startup`` (else the runner adds it once the server is healthy).
     """
     model = sglang_settings["model"]
@@ -161,14 +181,16 @@ def arm_launch_commands(
     if not in_container:
         model_path = model_host_path
     port = sglang_settings["port"]
-    server_argv = sglang_server_argv(arm, sglang_settings, model_path, port)
-    environment = sglang_server_environment(arm, sglang_settings)
+    server_argv = sglang_server_argv(
+        arm, sglang_settings, model_path, port, platform, load_format=load_format
+    )
+    environment = sglang_server_environment(arm, sglang_settings, platform)
     quota_cores = None if arm["cpu_quota"] == "none" else float(arm["cpu_quota"])
     container_argv = None
     if in_container:
         container_argv = run_command(
             runtime=runtime,
-            image=image_tag("sglang", arm["variant"]),
+            image=image_tag(image_engine(platform), arm["variant"]),
             command=server_argv,
             name=container_name(f"{experiment}-{arm['name']}"),
             label=f"{experiment}-{arm['name']}",
@@ -176,7 +198,7 @@ def arm_launch_commands(
             quota_cores=quota_cores if quota_during_startup else None,
             shm_size=None,
             ipc_host=True,
-            gpus="all",
+            gpus="all" if platform.container_gpus else None,
             read_only_mounts=[(mount_source, mounted_at)],
         )
     return {
@@ -184,6 +206,7 @@ def arm_launch_commands(
         "arm": arm["name"],
         "variant": arm["variant"],
         "transport": arm["transport"],
+        "device": platform.device,
         "port": port,
         "quota_cores": quota_cores,
         "quota_from": "start" if quota_during_startup else "healthy",
@@ -196,5 +219,12 @@ def arm_launch_commands(
             "host_path": model_host_path,
             "mount": f"{mount_source}:{mounted_at}:ro" if in_container else None,
             "server_path": model_path,
+            "load_format": load_format,
         },
     }
+
+
+def image_engine(platform: SGLangPlatform) -> str:
+    """The engine part of an SGLang variant image's tag: its Dockerfile's suffix
+    (``sglang`` on GPU hosts, ``sglang-cpu`` on CPU)."""
+    return platform.dockerfile.rsplit("Dockerfile.", 1)[1]

@@ -378,7 +378,9 @@ def write_json(path: Path, value: dict) -> None:
 
 
 def _extract_package_sources(archive: Path, python_dir: Path) -> None:
-    """Copy the ``.py`` files of the package inside a wheel or sdist to ``python_dir``.
+    """Copy the package inside a wheel or sdist to ``python_dir``: every file but
+    bytecode, so a wheel's compiled extensions and data files come along (a real
+    server imports them; the embedded engine needs only the ``.py`` files).
 
     The package is found wherever ``sglang/__init__.py`` sits nearest the archive's
     root: at the root of a wheel, under ``sglang-<version>/`` in an sdist, under
@@ -398,7 +400,7 @@ def _extract_package_sources(archive: Path, python_dir: Path) -> None:
             )
         prefix = min(markers, key=len) + f"{PACKAGE}/"
         for name in names:
-            if not (name.startswith(prefix) and name.endswith(".py")):
+            if not name.startswith(prefix) or name.endswith(".pyc"):
                 continue
             relative = PurePosixPath(PACKAGE, name[len(prefix) :])
             if ".." in relative.parts:
@@ -441,8 +443,11 @@ def _package_directory(name: str, local: Path) -> Path:
 
 
 def _copy_package_sources(package: Path, python_dir: Path) -> None:
-    for source in package.rglob("*.py"):
-        if "__pycache__" in source.parts:
+    """Copy the package's files but bytecode (see ``_extract_package_sources``)."""
+    for source in package.rglob("*"):
+        if not source.is_file() or "__pycache__" in source.parts:
+            continue
+        if source.suffix == ".pyc":
             continue
         target = python_dir / PACKAGE / source.relative_to(package)
         target.parent.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,114 @@
+"""What a real SGLang server's own processes say about themselves in its log.
+
+SGLang has no endpoint that names the files it loaded or its main process's
+intra-op threads, so the server runs with a load probe on its path
+(``envs/server-probe/sitecustomize.py``): each process that imports the module
+under study prints one ``serving-study loaded: {json}`` line with the file it
+loaded, that file's sha256, its pid, its title and torch's intra-op thread
+count at that moment. On CPU hosts the sgl-kernel stand-in prints a
+``serving-study stand-in: <op> called in pid <pid> (<title>)`` line the first
+time a process calls one of its ops. SGLang itself prints a warning once when an
+image went inline because ``/dev/shm`` was full. This module reads those lines;
+the arm runner turns them into checks.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+
+LOADED_PREFIX = "serving-study loaded: "
+# A placeholder op (it raises) says so before its name; a real op does not.
+STAND_IN_LINE = re.compile(
+    r"serving-study stand-in: (?P<placeholder>placeholder )?(?P<op>\S+) "
+    r"called in pid (?P<pid>\d+) \((?P<title>.*)\)"
+)
+INLINE_FALLBACK_TEXT = "falling back to inline transport"
+TRANSPORT_MODULE = "sglang.srt.managers.mm_utils"
+
+
+@dataclass(frozen=True)
+class LoadedModule:
+    """One process's report of the transport module it imported."""
+
+    module: str
+    file: str
+    sha256: str
+    pid: int
+    title: str
+    torch_threads: int | None
+
+
+@dataclass(frozen=True)
+class StandInCall:
+    op: str
+    pid: int
+    title: str
+    placeholder: bool
+
+
+def loaded_modules(log_text: str) -> list[LoadedModule]:
+    """Every ``serving-study loaded:`` report in a server log, in order."""
+    found = []
+    for line in log_text.splitlines():
+        _, marker, payload = line.partition(LOADED_PREFIX)
+        if not marker:
+            continue
+        try:
+            report = json.loads(payload)
+            found.append(
+                LoadedModule(
+                    module=str(report["module"]),
+                    file=str(report["file"]),
+                    sha256=str(report["sha256"]),
+                    pid=int(report["pid"]),
+                    title=str(report.get("title", "")),
+                    torch_threads=report.get("torch_threads"),
+                )
+            )
+        except (ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def stand_in_calls(log_text: str) -> list[StandInCall]:
+    """Every call of an sgl-kernel stand-in op the log reports."""
+    calls = []
+    for line in log_text.splitlines():
+        match = STAND_IN_LINE.search(line)
+        if match:
+            calls.append(
+                StandInCall(
+                    op=match["op"],
+                    pid=int(match["pid"]),
+                    title=match["title"],
+                    placeholder=bool(match["placeholder"]),
+                )
+            )
+    return calls
+
+
+def inline_fallback_reported(log_text: str) -> bool:
+    """SGLang warned that an image skipped shared memory (``/dev/shm`` full)."""
+    return INLINE_FALLBACK_TEXT in log_text
+
+
+def main_process_load(log_text: str, main_pid: int | None) -> LoadedModule | None:
+    """The main process's load of the transport module.
+
+    ``main_pid`` is the server's main process as this host sees it; inside a
+    container the probe sees another pid namespace, so when no report carries
+    that pid, the report from the process that is not titled ``sglang::`` (the
+    main process has no title of its own) is taken.
+    """
+    reports = [
+        report
+        for report in loaded_modules(log_text)
+        if report.module == TRANSPORT_MODULE
+    ]
+    for report in reports:
+        if report.pid == main_pid:
+            return report
+    untitled = [report for report in reports if not report.title.startswith("sglang::")]
+    return untitled[0] if untitled else None
