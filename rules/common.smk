@@ -11,6 +11,12 @@ sys.path.insert(0, str(PROJECT_ROOT / "src"))
 from serving_study.arm_order import priority
 from serving_study.config import ConfigError, check_config
 from serving_study.sglang_commands import model_directory_name
+from serving_study.sglang_platform import (
+    CPU_RUNTIME_LOCK,
+    platform_for,
+    resolve_device,
+)
+from serving_study.tiny_model import TinyModelSettings
 
 try:
     check_config(
@@ -32,8 +38,23 @@ SOURCES = {source["name"]: source for source in config["sources"]}
 VARIANTS = {variant["name"]: variant for variant in config["variants"]}
 WORKLOADS = {workload["name"]: workload for workload in config["workloads"]}
 ARMS = {arm["name"]: arm for arm in config["arms"]}
-# The model a real SGLang server loads, as a file name (resources/models/<name>/).
-MODEL = model_directory_name(config["sglang"]["model"])
+# Where a real SGLang server runs (decided once: sglang_platform.py lists what
+# follows from it), and the model it loads, as a file name under resources/.
+SGLANG_PLATFORM = (
+    platform_for(resolve_device(config["sglang"]["device"]))
+    if config["engine"] == "sglang"
+    else None
+)
+TINY_MODEL = (
+    TinyModelSettings.from_config(config["sglang"]["tiny_model"])
+    if "tiny_model" in config["sglang"]
+    else None
+)
+MODEL = (
+    TINY_MODEL.directory_name
+    if TINY_MODEL
+    else model_directory_name(config["sglang"]["model"])
+)
 
 
 def one_of(names):
@@ -97,6 +118,7 @@ def engine_settings():
         "runtime": config["runtime"],
         "embedded": config["embedded_engine"],
         "sglang": config["sglang"],
+        "sglang_device": SGLANG_PLATFORM.device if SGLANG_PLATFORM else None,
         "container": config["container"],
     }
 
@@ -137,13 +159,30 @@ def launch_commands_files():
 
 
 def model_snapshot_file():
-    """The checked model snapshot's record; a real SGLang arm needs it."""
+    """The model's record (rule model, or rule tiny_model); a real SGLang arm
+    needs it."""
+    if TINY_MODEL:
+        return f"resources/tiny-models/{MODEL}/snapshot.json"
     return f"resources/models/{MODEL}/snapshot.json"
 
 
 def model_of_engine(wildcards):
     """The model snapshot record when the arms run real SGLang servers."""
     return [model_snapshot_file()] if config["engine"] == "sglang" else []
+
+
+SGLANG_RUNTIME = "resources/sglang-runtime/runtime.json"
+
+
+def sglang_runtime_of_engine(wildcards):
+    """The server runtime the workflow builds, when SGLang runs on this host's CPU."""
+    builds = SGLANG_PLATFORM and SGLANG_PLATFORM.builds_runtime
+    return [SGLANG_RUNTIME] if builds and not in_containers() else []
+
+
+def tiny_model_directory():
+    """Where rule tiny_model writes the tiny model (None without one)."""
+    return f"resources/tiny-models/{MODEL}/model" if TINY_MODEL else None
 
 
 def model_download_directory():

@@ -19,3 +19,21 @@ rule model:
         ),
     script:
         "../scripts/model_snapshot.py"
+
+
+# A seeded tiny Qwen3-VL (config sglang.tiny_model): config, tokenizer, chat template
+# and processor configs, no weight files (the server loads dummy weights). The same
+# settings write the same bytes; the record lists each file's sha256.
+rule tiny_model:
+    output:
+        snapshot="resources/tiny-models/{model}/snapshot.json",
+        model=directory("resources/tiny-models/{model}/model"),
+    log:
+        "results/logs/tiny_model/{model}.log",
+    localrule: True
+    conda:
+        "../envs/workflow.yaml"
+    params:
+        settings=config["sglang"].get("tiny_model", {}),
+    script:
+        "../scripts/tiny_model.py"
