@@ -5,7 +5,7 @@ import sys
 from pathlib import Path
 
 from serving_study.model_snapshot import model_host_path
-from serving_study.sglang_commands import arm_launch_commands
+from serving_study.sglang_commands import arm_launch_commands, model_flags
 from serving_study.sglang_platform import platform_for
 from serving_study.sources import write_json
 
@@ -31,7 +31,10 @@ commands = arm_launch_commands(
     ),
     quota_during_startup=snakemake.params.quota_during_startup,
     platform=platform_for(snakemake.params.device),
-    load_format="dummy" if tiny_model else None,
+    flags_of_model=model_flags(
+        "dummy" if tiny_model else None,
+        sglang["tiny_model"]["dtype"] if tiny_model else None,
+    ),
 )
 write_json(Path(snakemake.output.commands), commands)
 logging.info("%s", " ".join(commands["container_argv"] or commands["server_argv"]))

@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from serving_study.arm_runner import RunPaths, run_arm
+from serving_study.sglang_commands import model_flags
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(
@@ -19,7 +20,9 @@ if snakemake.input.model:
     # Where the model rule checked (or downloaded, or wrote) the snapshot here.
     snapshot = json.loads(Path(snakemake.input.model[0]).read_text())
     engine["model_host_path"] = snapshot["path"]
-    engine["model_load_format"] = snapshot.get("load_format")
+    engine["model_flags"] = model_flags(
+        snapshot.get("load_format"), snapshot.get("settings", {}).get("dtype")
+    )
 if snakemake.input.runtime:
     # The SGLang server runtime the workflow built for this host's CPU.
     runtime = json.loads(Path(snakemake.input.runtime[0]).read_text())

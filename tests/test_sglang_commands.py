@@ -26,6 +26,7 @@ from serving_study.sglang_commands import (
     ServerArgumentConflict,
     arm_launch_commands,
     container_model_path,
+    model_flags,
     sglang_server_argv,
     sglang_server_environment,
 )
@@ -452,13 +453,19 @@ def test_a_cpu_host_gets_the_cpu_engine_flags_and_dummy_weights_only_there():
     arm, settings = config["arms"][0], config["sglang"]
     on_gpu = sglang_server_argv(arm, settings, MODEL_PATH, 30000, GPU_PLATFORM)
     on_cpu = sglang_server_argv(
-        arm, settings, MODEL_PATH, 30000, CPU_PLATFORM, load_format="dummy"
+        arm,
+        settings,
+        MODEL_PATH,
+        30000,
+        CPU_PLATFORM,
+        model_flags=model_flags("dummy", "float32"),
     )
 
     assert flag_values(on_cpu, "--device") == ["cpu"]
     assert flag_values(on_cpu, "--attention-backend") == ["torch_native"]
     assert "--sleep-on-idle" in on_cpu and "--disable-cuda-graph" in on_cpu
     assert flag_values(on_cpu, "--load-format") == ["dummy"]
+    assert flag_values(on_cpu, "--dtype") == ["float32"]
     assert "--device" not in on_gpu and "--load-format" not in on_gpu
     # Everything the config sets is the same on both.
     for flag in ("--mm-feature-transport", "--model-path", "--served-model-name"):
@@ -482,12 +489,12 @@ def test_a_cpu_container_gets_no_gpus_and_the_cpu_image():
         model_host_path="/data/tiny",
         quota_during_startup=True,
         platform=CPU_PLATFORM,
-        load_format="dummy",
+        flags_of_model=model_flags("dummy", "float32"),
     )
     assert "--gpus" not in launch["container_argv"]
     assert "localhost/serving-study-sglang-cpu:original" in launch["container_argv"]
     assert launch["device"] == "cpu"
-    assert launch["model"]["load_format"] == "dummy"
+    assert launch["model"]["flags"] == ["--load-format", "dummy", "--dtype", "float32"]
 
 
 @pytest.mark.parametrize("flag", ["--device", "--load-format=dummy"])

@@ -110,7 +110,7 @@ def server_argv(engine: dict, variant: dict, arm: dict, port: int) -> list[str]:
             sglang_model_path(engine),
             port,
             sglang_platform(engine),
-            load_format=engine.get("model_load_format"),
+            model_flags=tuple(engine.get("model_flags", ())),
             python=sglang_python(engine),
         )
     argv = embedded_server_argv(
@@ -480,6 +480,14 @@ def run_arm(
             server_info=server_info,
             quota_in_force=server.group.quota_in_force(),
         )
+        if isinstance(server, LocalServer):
+            provenance["quota_scope"] = {
+                "scope": server.quota_scope,
+                "model_processes_moved": server.moved_model_pids,
+                "model_group": server.model_group.quota_in_force()
+                if server.model_group
+                else None,
+            }
         if isinstance(server, ContainerServer):
             provenance.update(
                 container_argv=server.run_argv,

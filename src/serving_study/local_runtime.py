@@ -98,6 +98,7 @@ class LocalServer:
             raise ValueError(f"quota_scope {quota_scope!r}: one of {QUOTA_SCOPES}")
         self.quota_scope = quota_scope
         self.model_group: CpuQuotaGroup | None = None
+        self.moved_model_pids: list[int] = []
         self.argv = argv
         self.environment = environment
         self.quota_cores = quota_cores
@@ -151,6 +152,7 @@ class LocalServer:
             )
         for pid in moved:
             self.model_group.adopt(pid)
+        self.moved_model_pids = moved
         log.info(
             "model processes %s moved out of the quota into %s",
             moved,

@@ -34,6 +34,7 @@ FLAGS_FROM_CONFIG = {
     "--served-model-name": "sglang.served_model_name",
     "--device": "sglang.device",
     "--load-format": "the model (sglang.tiny_model loads dummy weights)",
+    "--dtype": "the model (its config.json, or sglang.tiny_model.dtype)",
 }
 
 
@@ -77,7 +78,7 @@ def sglang_server_arguments(
     model_path: str,
     port: int,
     platform: SGLangPlatform,
-    load_format: str | None = None,
+    model_flags: tuple[str, ...] = (),
 ) -> list[str]:
     """The arguments after ``python -m sglang.launch_server`` for one arm.
 
@@ -85,13 +86,11 @@ def sglang_server_arguments(
     ``sglang_settings`` is the config's ``sglang`` section with the schema's
     defaults filled in; ``model_path`` is the model as the server sees it (the
     container path when the server runs in a container); ``platform`` adds what
-    the device needs; ``load_format`` is the model snapshot's (``dummy`` for a
-    tiny model without weight files).
+    the device needs; ``model_flags`` what the model snapshot needs
+    (``model_flags()``).
     """
     arguments = ["--model-path", model_path, "--host", "127.0.0.1"]
-    arguments += list(platform.server_flags)
-    if load_format is not None:
-        arguments += ["--load-format", load_format]
+    arguments += list(platform.server_flags) + list(model_flags)
     arguments += ["--port", str(port), "--mm-feature-transport", arm["transport"]]
     if sglang_settings["disable_radix_cache"]:
         arguments.append("--disable-radix-cache")
@@ -120,15 +119,27 @@ def sglang_server_argv(
     port: int,
     platform: SGLangPlatform,
     *,
-    load_format: str | None = None,
+    model_flags: tuple[str, ...] = (),
     python: str = "python3",
 ) -> list[str]:
     """``python3 -m sglang.launch_server ...`` for one arm (see
     ``sglang_server_arguments``); ``python`` is the interpreter that has SGLang
     (``python3`` in the SGLang image)."""
     return [python, "-m", SERVER_MODULE] + sglang_server_arguments(
-        arm, sglang_settings, model_path, port, platform, load_format
+        arm, sglang_settings, model_path, port, platform, model_flags
     )
+
+
+def model_flags(load_format: str | None, dtype: str | None) -> tuple[str, ...]:
+    """What a model snapshot needs on the command line: a tiny model has no weight
+    files (``--load-format dummy``), and its dtype must be explicit, since under
+    ``--dtype auto`` SGLang serves a float32 config as float16."""
+    flags: tuple[str, ...] = ()
+    if load_format:
+        flags += ("--load-format", load_format)
+    if dtype:
+        flags += ("--dtype", dtype)
+    return flags
 
 
 def sglang_server_environment(
@@ -166,7 +177,7 @@ def arm_launch_commands(
     model_host_path: str,
     quota_during_startup: bool,
     platform: SGLangPlatform,
-    load_format: str | None = None,
+    flags_of_model: tuple[str, ...] = (),
 ) -> dict:
     """Everything that starts one arm's server: its argv, the container argv that
     runs it (None for ``runtime: local``), its environment and the model mount.
@@ -182,7 +193,7 @@ def arm_launch_commands(
         model_path = model_host_path
     port = sglang_settings["port"]
     server_argv = sglang_server_argv(
-        arm, sglang_settings, model_path, port, platform, load_format=load_format
+        arm, sglang_settings, model_path, port, platform, model_flags=flags_of_model
     )
     environment = sglang_server_environment(arm, sglang_settings, platform)
     quota_cores = None if arm["cpu_quota"] == "none" else float(arm["cpu_quota"])
@@ -219,7 +230,7 @@ def arm_launch_commands(
             "host_path": model_host_path,
             "mount": f"{mount_source}:{mounted_at}:ro" if in_container else None,
             "server_path": model_path,
-            "load_format": load_format,
+            "flags": list(flags_of_model),
         },
     }
 
