@@ -25,6 +25,7 @@ include: "rules/aggregate.smk"
 include: "rules/bisect.smk"
 include: "rules/thread_quota_map.smk"
 include: "rules/model.smk"
+include: "rules/runtime.smk"
 include: "rules/commands.smk"
 include: "rules/benchmarks.smk"
 

@@ -240,6 +240,10 @@ def shared_memory_needed_mib(arms: list[dict], workloads: list[dict]) -> float:
     )
 
 
+# What torch inductor calls to build the CPU kernels it generates.
+C_COMPILERS = ("gcc", "cc", "clang")
+
+
 def unmet_needs(
     host: dict, engine: dict, arms: list[dict], workloads: list[dict] | None = None
 ) -> list[str]:
@@ -259,11 +263,25 @@ def unmet_needs(
         problem = quota_problem()
         if problem:
             needs.append(f"arms with a cpu_quota need a CPU-quota cgroup: {problem}")
-    if engine["engine"] == "sglang" and not host["gpu"]["gpus"]:
+    device = engine.get("sglang_device")
+    if engine["engine"] == "sglang" and device == "cuda" and not host["gpu"]["gpus"]:
         needs.append(
-            "engine 'sglang' runs sglang.launch_server with a real model and needs an "
-            f"NVIDIA GPU, but this host has none ({host['gpu']['reason']}); run the "
-            "embedded engine here (config/config.yaml) or use a GPU host"
+            "engine 'sglang' with sglang.device cuda runs the real model on an NVIDIA "
+            f"GPU, but this host has none ({host['gpu']['reason']}); set "
+            "sglang.device: cpu (a tiny model on the CPU, config/sglang-cpu.yaml) or "
+            "use a GPU host"
+        )
+    if (
+        engine["engine"] == "sglang"
+        and device == "cpu"
+        and engine["runtime"] == "local"
+        and not any(shutil.which(compiler) for compiler in C_COMPILERS)
+    ):
+        needs.append(
+            "SGLang on CPU compiles its rotary-embedding kernel with torch inductor "
+            "on the first request, which needs a C compiler, and this host has none "
+            "(looked for " + ", ".join(C_COMPILERS) + "); install one, e.g. "
+            "`apt-get install gcc` on Debian"
         )
     if engine["runtime"] in ("docker", "podman"):
         runtime = host["container_runtimes"][engine["runtime"]]
