@@ -1,0 +1,85 @@
+"""Probe: each process that imports SGLang's ``mm_utils`` says which file it ran.
+
+Python imports ``sitecustomize`` from ``sys.path`` at start-up, so this file on the
+server's ``PYTHONPATH`` runs in the main process and in every process SGLang spawns.
+A ``sys.meta_path`` finder lets the real finders locate the module, then wraps that
+spec's loader so that, once the module has executed, one line goes to stderr::
+
+    serving-study loaded: {"module": ..., "file": ..., "sha256": ..., "pid": ...,
+                           "title": ..., "torch_threads": ...}
+
+Nothing else is changed: other modules are not touched, and torch is read from
+``sys.modules`` (never imported here).
+"""
+
+import hashlib
+import json
+import os
+import sys
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+
+PROBED_MODULE = "sglang.srt.managers.mm_utils"
+
+
+def _process_title() -> str:
+    """The title SGLang gave this process (e.g. ``sglang::scheduler``), else argv."""
+    setproctitle = sys.modules.get("setproctitle")
+    if setproctitle is not None:
+        title = setproctitle.getproctitle()
+    else:
+        with open("/proc/self/cmdline", "rb") as cmdline:
+            title = cmdline.read().replace(b"\0", b" ").decode(errors="replace")
+    return " ".join(title.split())  # one line, even for ``python -c`` scripts
+
+
+def _report(module: ModuleType) -> None:
+    path = os.path.abspath(module.__file__)
+    with open(path, "rb") as source:
+        digest = hashlib.sha256(source.read()).hexdigest()
+    torch = sys.modules.get("torch")
+    record = {
+        "module": PROBED_MODULE,
+        "file": path,
+        "sha256": digest,
+        "pid": os.getpid(),
+        "title": _process_title(),
+        "torch_threads": torch.get_num_threads() if torch is not None else None,
+    }
+    print(f"serving-study loaded: {json.dumps(record)}", file=sys.stderr, flush=True)
+
+
+class MmUtilsProbe:
+    """Meta-path finder that only reports; the real finders still find the module."""
+
+    def find_spec(
+        self,
+        fullname: str,
+        path: Sequence[str] | None,
+        target: ModuleType | None = None,
+    ) -> ModuleSpec | None:
+        if fullname != PROBED_MODULE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        real_exec_module = spec.loader.exec_module
+
+        def exec_module_then_report(module: ModuleType) -> None:
+            real_exec_module(module)
+            _report(module)
+
+        # An instance attribute: only this module's loader object is wrapped.
+        spec.loader.exec_module = exec_module_then_report
+        return spec
+
+
+sys.meta_path.insert(0, MmUtilsProbe())

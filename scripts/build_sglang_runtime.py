@@ -1,0 +1,28 @@
+"""Snakemake shim: build (or reuse) the venv SGLang's real server runs in on CPU."""
+
+import logging
+import sys
+from pathlib import Path
+
+from serving_study.sglang_runtime import RuntimeBuildError, ensure_sglang_runtime
+
+sys.stderr = open(snakemake.log[0], "w")
+logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
+log = logging.getLogger("sglang_runtime")
+
+runtime_record = Path(snakemake.output.runtime)
+try:
+    record = ensure_sglang_runtime(
+        Path(snakemake.input.lock), runtime_record.parent, progress=log.info
+    )
+except RuntimeBuildError as error:
+    log.error("%s", error)
+    raise SystemExit(f"sglang_runtime: {error}") from None
+log.info(
+    "runtime %s: Python %s, torch %s, transformers %s (lock sha256 %s)",
+    record["python"],
+    record["python_version"],
+    record["packages"].get("torch"),
+    record["packages"].get("transformers"),
+    record["lock_sha256"],
+)
