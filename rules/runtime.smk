@@ -8,7 +8,6 @@ rule sglang_runtime:
     input:
         lock=project_file("envs/sglang-cpu/requirements.lock"),
         stand_in=project_file("envs/sglang-cpu/stand-in/sgl_kernel/__init__.py"),
-        probe=project_file("envs/sglang-cpu/stand-in/sitecustomize.py"),
     output:
         runtime="resources/sglang-runtime/runtime.json",
     log:

@@ -138,6 +138,28 @@ BAD_CONFIGS = {
         lambda c: set_key(c, ["reference", "arms", 0, "arm"], "Z"),
         "reference.arms[0].arm: 'Z' names no arm",
     ),
+    "main-process quota on the embedded engine": (
+        lambda c: set_key(c, ["arms", 0, "quota_scope"], "main_process"),
+        "arms[0].quota_scope: main_process needs engine 'sglang' and runtime 'local'",
+    ),
+    "unknown quota scope": (
+        lambda c: set_key(c, ["arms", 0, "quota_scope"], "scheduler"),
+        "arms[0].quota_scope: 'scheduler' is not one of ['server', 'main_process']",
+    ),
+    "unknown SGLang device": (
+        lambda c: set_key(c, ["sglang"], {"device": "tpu"}),
+        "sglang.device: 'tpu' is not one of ['auto', 'cpu', 'cuda']",
+    ),
+    "tiny model and a local model together": (
+        lambda c: set_key(
+            c, ["sglang"], {"tiny_model": {"seed": 1}, "model_path": "/data/qwen"}
+        ),
+        "sglang: give either tiny_model or model_path, not both",
+    ),
+    "tiny model dtype": (
+        lambda c: set_key(c, ["sglang"], {"tiny_model": {"dtype": "float16"}}),
+        "sglang.tiny_model.dtype: 'float16' is not one of ['float32', 'bfloat16']",
+    ),
     "server_args on the embedded engine": (
         lambda c: set_key(c, ["arms", 0, "server_args"], ["--foo"]),
         "arms[0].server_args: only engine 'sglang' takes server arguments",

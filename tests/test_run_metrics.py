@@ -126,6 +126,24 @@ def test_failed_request_and_late_dispatch_make_the_run_invalid():
             "warm-up was not excluded as planned",
         ),
         (
+            {"transport_expected": "cpu", "transport_seen": "cuda_ipc"},
+            "the server resolved transport 'cuda_ipc', the arm asks 'cpu'",
+        ),
+        (
+            {"mm_utils_sha256_expected": "a" * 64, "mm_utils_sha256_loaded": "b" * 64},
+            "the server's main process loaded an mm_utils.py with sha256 "
+            "bbbbbbbbbbbb..., the variant's is aaaaaaaaaaaa...",
+        ),
+        (
+            {"inline_fallback_reported": True},
+            "SGLang sent images inline because /dev/shm was full, so the "
+            "shared-memory copy under study was skipped; give the server more /dev/shm",
+        ),
+        (
+            {"stand_in_placeholders_called": ["fused_sigmoid_mul_cpu"]},
+            "the sgl-kernel stand-in's placeholders ran: fused_sigmoid_mul_cpu",
+        ),
+        (
             {"max_dispatch_lag_ms_allowed": 3.5},
             "dispatch lag reached 4.0 ms, above the allowed 3.5 ms: "
             "the client fell behind its schedule",

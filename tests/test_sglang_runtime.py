@@ -31,6 +31,7 @@ from serving_study.sglang_runtime import (
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "envs" / "sglang-cpu" / "requirements.lock"
 STAND_IN = ROOT / "envs" / "sglang-cpu" / "stand-in"
+PROBE = ROOT / "envs" / "server-probe"
 PROBED_MODULE = "sglang.srt.managers.mm_utils"
 LOADED_PREFIX = "serving-study loaded: "
 STAND_IN_LINE = re.compile(
@@ -227,8 +228,8 @@ def probe_lines(stderr: str) -> list[dict]:
 
 
 def run_with_probe(arguments: list[str], tree: Path) -> subprocess.CompletedProcess:
-    """Run this Python in ``tree`` with the tree and the stand-in on PYTHONPATH."""
-    environment = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{STAND_IN}")
+    """Run this Python in ``tree`` with the tree and the probe on PYTHONPATH."""
+    environment = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{PROBE}")
     return subprocess.run(
         [sys.executable, *arguments],
         capture_output=True,
@@ -317,7 +318,8 @@ def built_runtime(pytestconfig) -> dict:
 def run_in_runtime(
     record: dict, code: str, *python_path: Path, environment: dict | None = None
 ) -> subprocess.CompletedProcess:
-    path = os.pathsep.join(str(directory) for directory in (*python_path, STAND_IN))
+    directories = (*python_path, PROBE, STAND_IN)
+    path = os.pathsep.join(str(directory) for directory in directories)
     return subprocess.run(
         [record["python"], "-c", textwrap.dedent(code)],
         capture_output=True,
@@ -444,6 +446,32 @@ def test_sglangs_own_caller_gets_the_same_table(built_runtime, sglang_0_5_23):
     )
     assert finished.returncode == 0, finished.stderr[-3000:]
     assert json.loads(finished.stdout.splitlines()[-1]) == ASSIGN_EXPECTED
+
+
+@pytest.mark.slow
+def test_sglangs_cpu_path_imports_with_the_stand_in_and_no_amx(
+    built_runtime, sglang_0_5_23
+):
+    """Every name SGLang 0.5.23 takes from sgl_kernel at import time on CPU is
+    there, none is called, and SGLang sees no AMX kernels."""
+    tree, _ = sglang_0_5_23
+    finished = run_in_runtime(
+        built_runtime,
+        """
+        import json
+        import sglang.srt.managers.scheduler
+        import sglang.srt.managers.tokenizer_manager
+        import sglang.srt.models.qwen3_5
+        import sglang.srt.models.qwen3_vl
+        from sglang.srt.utils.common import cpu_has_amx_support, is_cpu
+        print(json.dumps([is_cpu(), cpu_has_amx_support()]))
+        """,
+        tree / "python",
+        environment={"SGLANG_USE_CPU_ENGINE": "1"},
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert json.loads(finished.stdout.splitlines()[-1]) == [True, False]
+    assert "serving-study stand-in" not in finished.stderr
 
 
 @pytest.mark.slow

@@ -196,6 +196,7 @@ def new_server(
             paths.server_log,
             quota_during_startup=client["quota_during_startup"],
             quota_scope=arm.get("quota_scope", "server"),
+            terminate_leader_only=engine["engine"] == "sglang",
         )
     mounts = []
     if engine["engine"] == "sglang":

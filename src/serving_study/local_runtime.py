@@ -93,10 +93,14 @@ class LocalServer:
         log_path: Path,
         quota_during_startup: bool = True,
         quota_scope: str = "server",
+        terminate_leader_only: bool = False,
     ):
         if quota_scope not in QUOTA_SCOPES:
             raise ValueError(f"quota_scope {quota_scope!r}: one of {QUOTA_SCOPES}")
         self.quota_scope = quota_scope
+        # SGLang's main process stops its children itself; a SIGTERM to the whole
+        # group makes it take a dying child for a crash and wait 5 s for diagnostics.
+        self.terminate_leader_only = terminate_leader_only
         self.model_group: CpuQuotaGroup | None = None
         self.moved_model_pids: list[int] = []
         self.argv = argv
@@ -198,7 +202,10 @@ class LocalServer:
     def _terminate_process_group(self, grace_s: float) -> None:
         if self.process.poll() is None:
             try:
-                os.killpg(self.process.pid, signal.SIGTERM)
+                if self.terminate_leader_only:
+                    self.process.send_signal(signal.SIGTERM)
+                else:
+                    os.killpg(self.process.pid, signal.SIGTERM)
             except ProcessLookupError:
                 pass
             try:

@@ -26,6 +26,8 @@ STAND_IN_LINE = re.compile(
 )
 INLINE_FALLBACK_TEXT = "falling back to inline transport"
 TRANSPORT_MODULE = "sglang.srt.managers.mm_utils"
+# How the main process's command line names the server it starts.
+SERVER_COMMANDS = ("sglang.launch_server", "sglang serve")
 
 
 @dataclass(frozen=True)
@@ -99,8 +101,9 @@ def main_process_load(log_text: str, main_pid: int | None) -> LoadedModule | Non
 
     ``main_pid`` is the server's main process as this host sees it; inside a
     container the probe sees another pid namespace, so when no report carries
-    that pid, the report from the process that is not titled ``sglang::`` (the
-    main process has no title of its own) is taken.
+    that pid, the report of the process whose command line starts the server is
+    taken (SGLang's children still have multiprocessing's spawn command line when
+    they import the module; they take their ``sglang::`` titles later).
     """
     reports = [
         report
@@ -110,5 +113,9 @@ def main_process_load(log_text: str, main_pid: int | None) -> LoadedModule | Non
     for report in reports:
         if report.pid == main_pid:
             return report
-    untitled = [report for report in reports if not report.title.startswith("sglang::")]
-    return untitled[0] if untitled else None
+    launchers = [
+        report
+        for report in reports
+        if any(command in report.title for command in SERVER_COMMANDS)
+    ]
+    return launchers[0] if launchers else None

@@ -19,6 +19,8 @@ one line to stderr, so a server's log shows who called what::
 
 import os
 import sys
+from collections.abc import Callable
+from typing import NoReturn
 
 import torch
 
@@ -64,8 +66,8 @@ def _announce(op: str, kind: str = "") -> None:
     )
 
 
-def _placeholder(op: str):
-    def refuse(*args, **kwargs):
+def _placeholder(op: str) -> Callable[..., NoReturn]:
+    def refuse(*args: object, **kwargs: object) -> NoReturn:
         _announce(op, kind="placeholder ")
         raise NotImplementedError(
             f"sgl_kernel.{op} is a placeholder of serving-study's CPU stand-in"

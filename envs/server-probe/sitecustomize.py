@@ -24,7 +24,9 @@ PROBED_MODULE = "sglang.srt.managers.mm_utils"
 
 
 def _process_title() -> str:
-    """The title SGLang gave this process (e.g. ``sglang::scheduler``), else argv."""
+    """This process's title now: SGLang names its children (``sglang::scheduler``)
+    only after they imported mm_utils, so there it is still the spawn command line;
+    the pid tells the processes apart."""
     setproctitle = sys.modules.get("setproctitle")
     if setproctitle is not None:
         title = setproctitle.getproctitle()
