@@ -35,5 +35,7 @@ rule prepare_variant:
         "../envs/workflow.yaml"
     params:
         record=lambda wildcards: VARIANTS[wildcards.variant],
+        # A real server imports the whole tree at each start (variants.py).
+        compile_bytecode=config["engine"] == "sglang",
     script:
         "../scripts/prepare_variant.py"

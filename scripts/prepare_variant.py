@@ -18,5 +18,6 @@ identity = prepare_variant(
     source_identity=json.loads(source_identity_path.read_text()),
     patch_path=patch,
     dest=Path(snakemake.output.tree),
+    compile_bytecode=snakemake.params.compile_bytecode,
 )
 Path(snakemake.output.identity).write_text(json.dumps(identity, indent=2) + "\n")

@@ -73,6 +73,36 @@ def test_a_variant_without_a_patch_is_the_source(sglang_0_5_23, tmp_path):
     assert (tmp_path / "base" / MM_UTILS).read_bytes() == (tree / MM_UTILS).read_bytes()
 
 
+def test_a_variant_for_a_real_server_carries_its_patched_bytecode(tmp_path):
+    source = tmp_path / "source"
+    mm_utils = source / MM_UTILS
+    mm_utils.parent.mkdir(parents=True)
+    (source / "python/sglang/__init__.py").write_text("")
+    mm_utils.write_text("COPY = 'torch'\n")
+    (tmp_path / "fix.patch").write_text(
+        "--- a/python/sglang/srt/managers/mm_utils.py\n"
+        "+++ b/python/sglang/srt/managers/mm_utils.py\n"
+        "@@ -1 +1 @@\n-COPY = 'torch'\n+COPY = 'numpy memcpy'\n"
+    )
+    identity = {"name": "s", "kind": "path"}
+    variant = {"name": "v", "source": "s", "patch": "envs/patches/fix.patch"}
+    prepare_variant(
+        variant,
+        source,
+        identity,
+        tmp_path / "fix.patch",
+        tmp_path / "v",
+        compile_bytecode=True,
+    )
+
+    compiled = tmp_path / "v" / "python/sglang/srt/managers/__pycache__"
+    (bytecode,) = compiled.glob("mm_utils.cpython-*.pyc")
+    assert b"numpy memcpy" in bytecode.read_bytes()  # compiled after the patch
+    assert not (source / "python/sglang/srt/managers/__pycache__").exists()
+    prepare_variant(variant, source, identity, tmp_path / "fix.patch", tmp_path / "w")
+    assert not list((tmp_path / "w").rglob("*.pyc"))
+
+
 def load_transport_class(python_root: Path) -> type:
     """Compile a tree's ShmPointerMMData alone, with the names it uses in 0.5.23."""
     module = ast.parse((python_root / "sglang/srt/managers/mm_utils.py").read_text())

@@ -11,6 +11,7 @@ copies first. Its identity records exactly what went into it, down to the sha256
 
 from __future__ import annotations
 
+import compileall
 import os
 import re
 import shutil
@@ -47,9 +48,15 @@ def prepare_variant(
     source_identity: dict,
     patch_path: Path | None,
     dest: Path,
+    compile_bytecode: bool = False,
 ) -> dict:
     """Copy ``source_tree``'s ``python/`` to ``dest``, apply the variant's change,
     and return the variant's identity.
+
+    With ``compile_bytecode`` the tree's bytecode is written once here: a real
+    SGLang server imports thousands of its modules in each of its three processes
+    at every start, and a host that sets PYTHONDONTWRITEBYTECODE would otherwise
+    compile them all again each time.
 
     ``patch_path`` is the variant's ``patch`` resolved by the caller (None when the
     variant has none). A variant with ``pull_request`` fetches that pull request's
@@ -110,6 +117,8 @@ def prepare_variant(
                 "file": diff_path.name,
                 "sha256": file_sha256(diff_path),
             }
+        if compile_bytecode:
+            compileall.compile_dir(staging / "python", quiet=1, workers=0)
         transport_module = staging / TRANSPORT_MODULE
         if not transport_module.is_file():
             raise ValueError(
