@@ -217,19 +217,9 @@ def arm_engine_settings(wildcards):
     return engine_settings() | {"image_id_file": image_of_arm(wildcards) or None}
 
 
-def wheelhouse_of_engine():
-    """The wheelhouse the embedded engine's image installs (the SGLang image has all)."""
-    return "resources/wheelhouse" if config["engine"] == "embedded" else []
-
-
 def package_files_of_engine():
     """The serving_study sources an embedded image holds: a change rebuilds it."""
     if config["engine"] != "embedded":
         return []
     package = PROJECT_ROOT / "src" / "serving_study"
     return sorted(str(path) for path in package.rglob("*.py"))
-
-
-def image_settings():
-    """The config section the engine's Dockerfile takes its build arguments from."""
-    return config["container"] if config["engine"] == "embedded" else config["sglang"]

@@ -1,14 +1,44 @@
 # Container images (runtime docker or podman): one image per variant, built from a
-# Dockerfile under envs/ that checks the variant's mm_utils.py inside the image. The
-# embedded engine's image installs a wheelhouse made here with pip download, so the
-# build needs no package index (and no CUDA torch creeps in).
+# Dockerfile under envs/ that checks the variant's mm_utils.py inside the image. Three
+# kinds: the embedded engine's, real SGLang's on a GPU host (the official image) and
+# real SGLang's on a CPU host (Debian with the CPU runtime's lock). The two built on
+# Debian install a wheelhouse made here with pip download, so their builds need no
+# package index (and no CUDA torch creeps into the embedded engine's).
+from serving_study.sglang_commands import image_engine
+from serving_study.sglang_platform import CPU_RUNTIME_LOCK
+
+WHEELHOUSES = {
+    "embedded": "resources/wheelhouse",
+    "sglang-cpu": "resources/wheelhouse-sglang-cpu",
+}
+# What a variant's image is: embedded, sglang (GPU host) or sglang-cpu; the suffix of
+# its Dockerfile and the engine part of its tag.
+IMAGE_KIND = "embedded" if SGLANG_PLATFORM is None else image_engine(SGLANG_PLATFORM)
+# The wheelhouse it installs (the official SGLang image has everything).
+IMAGE_WHEELHOUSE = WHEELHOUSES.get(IMAGE_KIND, [])
+# What an SGLang image puts on the server's PYTHONPATH after the variant's tree (the
+# load probe; on CPU the sgl-kernel stand-in), and their files: a change rebuilds.
+IMAGE_PYTHON_PATH = (
+    [project_file(name) for name in SGLANG_PLATFORM.python_path_directories]
+    if SGLANG_PLATFORM
+    else []
+)
+IMAGE_PYTHON_PATH_FILES = sorted(
+    str(path)
+    for directory in IMAGE_PYTHON_PATH
+    for path in Path(directory).rglob("*")
+    if path.is_file() and "__pycache__" not in path.parts
+)
+# The config section the Dockerfile's build arguments come from: container (the
+# Debian base of the embedded and sglang-cpu images) or sglang (base_image).
+IMAGE_SETTINGS = config["sglang"] if IMAGE_KIND == "sglang" else config["container"]
 
 
 rule wheelhouse:
     input:
         requirements=project_file("envs/embedded-requirements.txt"),
     output:
-        wheelhouse=directory("resources/wheelhouse"),
+        wheelhouse=directory(WHEELHOUSES["embedded"]),
     log:
         messages="results/logs/wheelhouse/messages.log",
         pip="results/logs/wheelhouse/pip.log",
@@ -19,6 +49,28 @@ rule wheelhouse:
     params:
         python_version=config["container"]["embedded_python_version"],
         glibc_version=config["container"]["embedded_glibc_version"],
+        closed=False,
+    script:
+        "../scripts/make_wheelhouse.py"
+
+
+# The CPU runtime's lock is closed: one wheel per line, nothing resolved.
+rule wheelhouse_sglang_cpu:
+    input:
+        requirements=project_file(CPU_RUNTIME_LOCK),
+    output:
+        wheelhouse=directory(WHEELHOUSES["sglang-cpu"]),
+    log:
+        messages="results/logs/wheelhouse-sglang-cpu/messages.log",
+        pip="results/logs/wheelhouse-sglang-cpu/pip.log",
+    retries: 1
+    localrule: True
+    conda:
+        "../envs/workflow.yaml"
+    params:
+        python_version=config["container"]["embedded_python_version"],
+        glibc_version=config["container"]["embedded_glibc_version"],
+        closed=True,
     script:
         "../scripts/make_wheelhouse.py"
 
@@ -26,10 +78,11 @@ rule wheelhouse:
 rule build_image:
     input:
         variant="results/variants/{variant}.json",
-        dockerfile=project_file(f"envs/Dockerfile.{config['engine']}"),
+        dockerfile=project_file(f"envs/Dockerfile.{IMAGE_KIND}"),
         check=project_file("envs/verify_mm_utils.py"),
-        wheelhouse=wheelhouse_of_engine(),
+        wheelhouse=IMAGE_WHEELHOUSE,
         package=package_files_of_engine(),
+        python_path=IMAGE_PYTHON_PATH_FILES,
     output:
         image_id="results/images/{variant}.iid",
         inspect="results/images/{variant}.inspect.json",
@@ -43,7 +96,8 @@ rule build_image:
     threads: WHOLE_HOST
     params:
         runtime=config["runtime"],
-        engine=config["engine"],
-        settings=image_settings(),
+        image_kind=IMAGE_KIND,
+        settings=IMAGE_SETTINGS,
+        python_path_directories=IMAGE_PYTHON_PATH,
     script:
         "../scripts/build_image.py"

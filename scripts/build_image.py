@@ -20,7 +20,7 @@ def package_directory(package_files):
 
 record = build_variant_image(
     runtime=snakemake.params.runtime,
-    engine=snakemake.params.engine,
+    engine=snakemake.params.image_kind,
     variant=json.loads(Path(snakemake.input.variant).read_text()),
     settings=dict(snakemake.params.settings),
     dockerfile=Path(snakemake.input.dockerfile),
@@ -28,8 +28,13 @@ record = build_variant_image(
     image_id_file=Path(snakemake.output.image_id),
     inspect_file=Path(snakemake.output.inspect),
     log_path=Path(snakemake.log.build),
-    # The embedded engine's image holds our package and the wheelhouse.
+    # The embedded engine's image holds our package; it and the CPU SGLang image
+    # install a wheelhouse; the CPU SGLang image holds the platform's python-path
+    # directories (load probe, sgl-kernel stand-in).
     package_directory=package_directory(snakemake.input.package),
     wheelhouse=Path(snakemake.input.wheelhouse) if snakemake.input.wheelhouse else None,
+    python_path_directories=[
+        Path(directory) for directory in snakemake.params.python_path_directories
+    ],
 )
 logging.info("built %s (%.0f MiB)", record["Id"], record["Size"] / 2**20)

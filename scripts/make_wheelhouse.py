@@ -1,4 +1,5 @@
-"""Snakemake shim: download the embedded image's wheels for offline installation."""
+"""Snakemake shim: download an image's wheels (open requirements or a closed lock)
+for offline installation."""
 
 import logging
 import sys
@@ -15,6 +16,7 @@ manifest = make_wheelhouse(
     python_version=snakemake.params.python_version,
     glibc_version=snakemake.params.glibc_version,
     log_path=Path(snakemake.log.pip),
+    closed=snakemake.params.closed,
 )
 logging.info(
     "%d wheels, %.0f MiB",

@@ -49,6 +49,7 @@ from serving_study.images import (
     run_build,
 )
 from serving_study.local_runtime import free_port
+from serving_study.sglang_platform import CPU_PLATFORM, GPU_PLATFORM
 from serving_study.sources import file_sha256
 from serving_study.variants import prepare_variant
 from serving_study.wheelhouse import (
@@ -182,13 +183,14 @@ def test_shared_memory_holds_two_tensors_per_request_in_flight(tmp_path):
 
 def test_container_options_from_config(tmp_path):
     manifest = write_manifest(tmp_path, [(2048, 2048)])
-    computed = container_options(EMBEDDED_SETTINGS, "embedded", 16, manifest)
+    computed = container_options(EMBEDDED_SETTINGS, None, 16, manifest)
     assert computed == {"shm_size": "3328m", "ipc_host": False, "gpus": "none"}
     fixed = EMBEDDED_SETTINGS | {"shm_size": "16g"}
-    assert container_options(fixed, "sglang", 16, manifest)["shm_size"] == "16g"
-    assert container_options(fixed, "sglang", 16, manifest)["gpus"] == "all"
+    assert container_options(fixed, GPU_PLATFORM, 16, manifest)["shm_size"] == "16g"
+    assert container_options(fixed, GPU_PLATFORM, 16, manifest)["gpus"] == "all"
+    assert container_options(fixed, CPU_PLATFORM, 16, manifest)["gpus"] == "none"
     shared = EMBEDDED_SETTINGS | {"ipc_host": True}
-    assert container_options(shared, "embedded", 16, manifest)["shm_size"] is None
+    assert container_options(shared, None, 16, manifest)["shm_size"] is None
 
 
 def test_preflight_refuses_a_quota_docker_cannot_give():
@@ -272,19 +274,22 @@ def test_embedded_context_holds_wheels_package_and_the_variant(
     assert file_sha256(mm_utils) == variant["mm_utils_sha256"]
 
 
-def test_sglang_context_holds_only_the_variant_package(variants, tmp_path):
+def test_sglang_context_holds_the_variant_package_and_the_probe(variants, tmp_path):
     context = assemble_context(
         "sglang",
         variants["original"],
         tmp_path / "context",
         dockerfile=ROOT / "envs/Dockerfile.sglang",
         verify_script=ROOT / "envs/verify_mm_utils.py",
+        python_path_directories=[ROOT / "envs/server-probe"],
     )
     assert sorted(path.name for path in context.iterdir()) == [
         "Dockerfile",
+        "serving-study",
         "variant",
         "verify_mm_utils.py",
     ]
+    assert (context / "serving-study/server-probe/sitecustomize.py").is_file()
     assert "FROM ${BASE_IMAGE}" in (context / "Dockerfile").read_text()
     mm_utils = context / "variant/python/sglang/srt/managers/mm_utils.py"
     assert file_sha256(mm_utils) == variants["original"]["mm_utils_sha256"]

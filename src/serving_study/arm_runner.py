@@ -215,7 +215,10 @@ def new_server(
         runtime=engine["runtime"],
         read_only_mounts=mounts,
         **container_options(
-            engine["container"], engine["engine"], arm["concurrency"], workload_manifest
+            engine["container"],
+            sglang_platform(engine) if engine["engine"] == "sglang" else None,
+            arm["concurrency"],
+            workload_manifest,
         ),
     )
 

@@ -31,6 +31,7 @@ import psutil
 from serving_study.cgroups import CpuGroup, QuotaUnavailable, group_of_pid
 from serving_study.host import feature_bytes
 from serving_study.local_runtime import log_tail
+from serving_study.sglang_platform import SGLangPlatform
 
 log = logging.getLogger(__name__)
 
@@ -78,17 +79,24 @@ def shared_memory_bytes(largest_tensor: int, concurrency: int) -> int:
 
 
 def container_options(
-    settings: dict, engine: str, concurrency: int, workload_manifest: Path
+    settings: dict,
+    platform: SGLangPlatform | None,
+    concurrency: int,
+    workload_manifest: Path,
 ) -> dict:
     """``shm_size``, ``ipc_host`` and ``gpus`` of one arm's container, from the
-    config's ``container`` section (see config.schema.yaml)."""
+    config's ``container`` section (see config.schema.yaml).
+
+    ``platform`` is where a real SGLang server runs, None for the embedded engine;
+    ``gpus: auto`` gives all GPUs only when it wants them (a GPU host), none on CPU.
+    """
     shm_size = settings.get("shm_size")
     if not shm_size and not settings["ipc_host"]:
         size = shared_memory_bytes(largest_tensor_bytes(workload_manifest), concurrency)
         shm_size = f"{size // MIB}m"
     gpus = settings["gpus"]
     if gpus == "auto":
-        gpus = "all" if engine == "sglang" else "none"
+        gpus = "all" if platform is not None and platform.container_gpus else "none"
     return {"shm_size": shm_size, "ipc_host": settings["ipc_host"], "gpus": gpus}
 
 

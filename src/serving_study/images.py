@@ -7,10 +7,16 @@ nothing to lay out):
 * engine ``embedded`` (``envs/Dockerfile.embedded``): a local Debian base with
   Python 3, the wheelhouse (installed offline), the ``serving_study`` package and
   the variant's ``python/`` tree at ``/opt/variant/python``;
-* engine ``sglang`` (``envs/Dockerfile.sglang``): the official SGLang image pinned
-  by digest, with the variant's ``python/sglang`` copied over its editable install.
+* engine ``sglang`` on a GPU host (``envs/Dockerfile.sglang``): the official SGLang
+  image pinned by digest, with the variant's ``python/sglang`` copied over its
+  editable install;
+* engine ``sglang`` on a CPU host (``envs/Dockerfile.sglang-cpu``, image kind
+  ``sglang-cpu``): the same local Debian base, the CPU runtime's lock installed
+  offline from its wheelhouse, the load probe and the sgl-kernel stand-in (the
+  platform's python-path directories), then the variant's complete
+  ``python/sglang`` tree as the last layer, so two variants share every other one.
 
-Both Dockerfiles end with ``envs/verify_mm_utils.py``, which fails the build unless
+Every Dockerfile ends with ``envs/verify_mm_utils.py``, which fails the build unless
 the image runs the variant's ``mm_utils.py`` (its sha256 is a build argument). The
 image id comes from ``--iidfile``; the ``inspect`` JSON of the image is kept next to
 it. Commands are argument lists; nothing from config reaches a shell.
@@ -24,12 +30,19 @@ import re
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
-ENGINES = ("embedded", "sglang")
+# The image kinds, each the suffix of its Dockerfile (envs/Dockerfile.<kind>) and
+# the engine part of its tag; sglang-cpu is engine sglang on a CPU host.
+ENGINES = ("embedded", "sglang", "sglang-cpu")
 # Inside the embedded image: the variant's tree and the interpreter of the venv.
 EMBEDDED_VARIANT_ROOT = "/opt/variant/python"
 EMBEDDED_PYTHON = "/opt/venv/bin/python"
+# In every context: what the study itself adds besides the variant.
+SERVING_STUDY_DIRECTORY = "serving-study"
+# The rule that makes each image's wheelhouse (rules/images.smk).
+WHEELHOUSE_RULES = {"embedded": "wheelhouse", "sglang-cpu": "wheelhouse_sglang_cpu"}
 PINNED_BY_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
 LABEL_PREFIX = "serving-study"
 BUILD_TIMEOUT_S = 3600
@@ -65,12 +78,13 @@ def image_labels(engine: str, variant: dict) -> dict[str, str]:
 def build_arguments(engine: str, variant: dict, settings: dict) -> dict[str, str]:
     """The Dockerfile's build arguments for one variant.
 
-    ``settings``: for ``embedded`` the config's ``container`` section
-    (``embedded_base_image``, ``embedded_python_version``); for ``sglang`` the
-    config's ``sglang`` section, whose ``base_image`` must be pinned by digest.
+    ``settings``: for ``embedded`` and ``sglang-cpu`` the config's ``container``
+    section (``embedded_base_image``, ``embedded_python_version``: both images
+    start from the same Debian base); for ``sglang`` the config's ``sglang``
+    section, whose ``base_image`` must be pinned by digest.
     """
     arguments = {"MM_UTILS_SHA256": variant["mm_utils_sha256"]}
-    if engine == "embedded":
+    if engine in ("embedded", "sglang-cpu"):
         arguments["BASE"] = settings["embedded_base_image"]
         arguments["PYTHON_VERSION"] = settings["embedded_python_version"]
     elif engine == "sglang":
@@ -113,13 +127,17 @@ def assemble_context(
     verify_script: Path,
     package_directory: Path | None = None,
     wheelhouse: Path | None = None,
+    python_path_directories: Sequence[Path] = (),
 ) -> Path:
     """Lay out the build context of one variant's image in ``context`` (created).
 
     ``variant`` is the variant's identity (results/variants/<name>.json), whose
     ``sglang_python_root`` is the variant's ``python/`` tree. The embedded engine's
-    image also takes ``package_directory`` (src/serving_study) and ``wheelhouse``
-    (its manifest stays out: its timestamp would defeat the build cache).
+    image also takes ``package_directory`` (src/serving_study) and ``wheelhouse``;
+    the ``sglang-cpu`` image takes ``wheelhouse`` (the lock's) and
+    ``python_path_directories`` (the platform's: the load probe, the sgl-kernel
+    stand-in), each laid out as ``serving-study/<its name>``. A wheelhouse's
+    manifest stays out: its timestamp would defeat the build cache.
     """
     if engine not in ENGINES:
         raise ValueError(f"no image for engine {engine!r}")
@@ -134,22 +152,57 @@ def assemble_context(
     shutil.copyfile(dockerfile, context / "Dockerfile")
     shutil.copyfile(verify_script, context / Path(verify_script).name)
     if engine == "sglang":
+        _copy_python_path_directories(
+            python_path_directories, context / SERVING_STUDY_DIRECTORY
+        )
         _copy_tree(variant_python / "sglang", context / "variant/python/sglang")
         return context
-    if wheelhouse is None or not (Path(wheelhouse) / "requirements.txt").is_file():
-        raise ImageBuildFailed(
-            f"the embedded image needs a wheelhouse with requirements.txt; "
-            f"{wheelhouse} has none (rule wheelhouse makes it)"
+    _link_wheelhouse(engine, wheelhouse, context / "wheelhouse")
+    if engine == "sglang-cpu":
+        _copy_python_path_directories(
+            python_path_directories, context / SERVING_STUDY_DIRECTORY
         )
-    (context / "wheelhouse").mkdir()
-    for path in Path(wheelhouse).iterdir():
-        if path.suffix in (".whl", ".txt"):
-            _link_or_copy(path, context / "wheelhouse" / path.name)
+        _copy_tree(variant_python / "sglang", context / "variant/python/sglang")
+        return context
     if package_directory is None:
         raise ValueError("the embedded image needs package_directory")
-    _copy_tree(package_directory, context / "serving-study/src/serving_study")
+    _copy_tree(
+        package_directory, context / SERVING_STUDY_DIRECTORY / "src/serving_study"
+    )
     _copy_tree(variant_python, context / "variant/python")
     return context
+
+
+def _link_wheelhouse(engine: str, wheelhouse: Path | None, target: Path) -> None:
+    """The wheels and the requirements (and constraints) files, without the
+    manifest."""
+    if wheelhouse is None or not (Path(wheelhouse) / "requirements.txt").is_file():
+        raise ImageBuildFailed(
+            f"the {engine} image needs a wheelhouse with requirements.txt; "
+            f"{wheelhouse} has none (rule {WHEELHOUSE_RULES[engine]} makes it)"
+        )
+    target.mkdir()
+    for path in Path(wheelhouse).iterdir():
+        if path.suffix in (".whl", ".txt"):
+            _link_or_copy(path, target / path.name)
+
+
+def _copy_python_path_directories(directories: Sequence[Path], target: Path) -> None:
+    """Each directory the server's PYTHONPATH holds after the variant's tree, under
+    its own name (the Dockerfile copies them by these names)."""
+    names = [Path(directory).name for directory in directories]
+    if not directories or len(set(names)) != len(names):
+        raise ValueError(
+            f"an SGLang image needs python-path directories of distinct names, "
+            f"got {[str(directory) for directory in directories]}"
+        )
+    for directory in directories:
+        if not Path(directory).is_dir():
+            raise ImageBuildFailed(
+                f"{directory} does not exist; the SGLang image puts it on the "
+                "server's PYTHONPATH (sglang_platform.py names it)"
+            )
+        _copy_tree(Path(directory), target / Path(directory).name)
 
 
 def build_command(
@@ -249,10 +302,12 @@ def build_variant_image(
     log_path: Path,
     package_directory: Path | None = None,
     wheelhouse: Path | None = None,
+    python_path_directories: Sequence[Path] = (),
 ) -> dict:
     """Build one variant's image; write its id and inspect record; return the record.
 
-    The context is assembled beside ``image_id_file`` and removed afterwards.
+    ``engine`` is the image kind (see ``ENGINES``); the context is assembled
+    beside ``image_id_file`` (see ``assemble_context``) and removed afterwards.
     """
     problem = engine_answers(runtime)
     if problem:
@@ -277,6 +332,7 @@ def build_variant_image(
             verify_script=verify_script,
             package_directory=package_directory,
             wheelhouse=wheelhouse,
+            python_path_directories=python_path_directories,
         )
         command = build_command(
             runtime,

@@ -1,13 +1,21 @@
-"""A wheelhouse for the embedded engine's image: every wheel it installs, offline.
+"""A wheelhouse for an image built on the Debian base: every wheel it installs, offline.
 
 Nothing inside ``docker build`` comes from PyPI. There an unpinned ``torch`` is a
 multi-GB CUDA build, and GPU clusters are often air-gapped; so the host downloads
 the wheels once with ``pip download`` and the image installs them with
 ``pip install --no-index --find-links``. The wheels are chosen for the image's
 Python and glibc (Debian bookworm: CPython 3.11, glibc 2.36), not the host's.
-Dependencies the requirements do not pin are held at the versions installed in the
-Python running this code (a constraints file), so the engine in a container runs
-the same packages as on the host. ``wheelhouse.json`` lists every wheel's sha256.
+``wheelhouse.json`` lists every wheel's sha256. Two kinds of requirements:
+
+* open (the embedded engine's ``envs/embedded-requirements.txt``): the wheels and
+  their dependencies; dependencies the requirements do not pin are held at the
+  versions installed in the Python running this code (a constraints file), so the
+  engine in a container runs the same packages as on the host; CUDA wheels are
+  refused (the embedded image wants the CPU build of torch);
+* closed (the CPU SGLang runtime's ``envs/sglang-cpu/requirements.lock``): every
+  package pinned, so exactly one wheel per line is downloaded (``--no-deps``) and
+  installed the same way; what the lock names is what comes in, CUDA wheels
+  included (PyPI's torch build imports its CUDA libraries even on a CPU).
 """
 
 from __future__ import annotations
@@ -79,16 +87,44 @@ def constraints_from(versions: dict[str, str]) -> list[str]:
     ]
 
 
+def lock_pins(lock_lines: list[str]) -> dict[str, str]:
+    """Canonical name -> version of each line of a closed lock; every requirement
+    must be pinned with ``==`` (comments, blank lines and pip options are skipped)."""
+    pins: dict[str, str] = {}
+    unpinned = []
+    for line in lock_lines:
+        requirement = line.split("#", 1)[0].strip().rstrip("\\").strip()
+        if not requirement or requirement.startswith("-"):
+            continue
+        name, separator, version = requirement.split(";", 1)[0].partition("==")
+        if not separator or not version.strip():
+            unpinned.append(requirement)
+            continue
+        pins[canonical_name(name.split("[", 1)[0].strip())] = version.split()[0]
+    if unpinned or not pins:
+        raise WheelhouseFailed(
+            "a closed lock pins every package with ==; "
+            + (f"these are not: {', '.join(unpinned)}" if unpinned else "it is empty")
+        )
+    return pins
+
+
+def wheel_name(wheel: Path) -> str:
+    """The canonical distribution name of a wheel file (``torch-2.14.1-...whl``)."""
+    return canonical_name(wheel.name.split("-", 1)[0])
+
+
 def download_command(
     *,
     requirements_file: Path,
-    constraints_file: Path,
+    constraints_file: Path | None,
     dest: Path,
     python_version: str,
     glibc_version: str,
 ) -> list[str]:
     """``pip download`` of the requirements as binary wheels for CPython
-    ``python_version`` on ``glibc_version``."""
+    ``python_version`` on ``glibc_version``; ``constraints_file`` None means the
+    requirements are a closed lock: no dependency is looked for (``--no-deps``)."""
     major, minor = python_version.split(".")
     command = [sys.executable, "-m", "pip", "download", "--dest", str(dest)]
     command += ["--only-binary=:all:", "--implementation", "cp"]
@@ -96,6 +132,8 @@ def download_command(
     for platform in manylinux_platforms(glibc_version):
         command += ["--platform", platform]
     command += ["--requirement", str(requirements_file)]
+    if constraints_file is None:
+        return command + ["--no-deps"]
     return command + ["--constraint", str(constraints_file)]
 
 
@@ -106,16 +144,24 @@ def make_wheelhouse(
     python_version: str,
     glibc_version: str,
     log_path: Path | None = None,
+    closed: bool = False,
 ) -> dict:
     """Download the wheels into ``dest`` (replaced whole) and return its manifest.
 
     ``dest`` then holds the wheels, ``requirements.txt`` (a copy of
-    ``requirements``), ``constraints.txt`` and ``wheelhouse.json``.
+    ``requirements``), ``constraints.txt`` (open requirements only) and
+    ``wheelhouse.json``. ``closed``: ``requirements`` is a lock (see the module's
+    docstring), checked to be pinned before and matched wheel for wheel after.
     """
+    pins = lock_pins(Path(requirements).read_text().splitlines()) if closed else {}
     with staged_directory(Path(dest)) as staging:
         shutil.copyfile(requirements, staging / "requirements.txt")
-        constraints = staging / "constraints.txt"
-        constraints.write_text("\n".join(constraints_from(installed_versions())) + "\n")
+        constraints = None
+        if not closed:
+            constraints = staging / "constraints.txt"
+            constraints.write_text(
+                "\n".join(constraints_from(installed_versions())) + "\n"
+            )
         command = download_command(
             requirements_file=staging / "requirements.txt",
             constraints_file=constraints,
@@ -137,9 +183,13 @@ def make_wheelhouse(
                 f"(glibc {glibc_version}) failed:\n{tail}"
             )
         wheels = sorted(staging.glob("*.whl"))
-        refuse_cuda_wheels(wheels)
+        if closed:
+            refuse_wheels_off_the_lock(wheels, pins)
+        else:
+            refuse_cuda_wheels(wheels)
         manifest = {
             "requirements": requirements.read_text().splitlines(),
+            "closed": closed,
             "python_version": python_version,
             "glibc_version": glibc_version,
             "wheels": [
@@ -162,4 +212,18 @@ def refuse_cuda_wheels(wheels: list[Path]) -> None:
             "not need. Put the CPU wheel (torch-<version>+cpu-...whl, from "
             "https://download.pytorch.org/whl/cpu) in a directory and point "
             "PIP_FIND_LINKS at it, then run the rule again."
+        )
+
+
+def refuse_wheels_off_the_lock(wheels: list[Path], pins: dict[str, str]) -> None:
+    """Exactly one wheel per line of the lock, none besides."""
+    names = [wheel_name(wheel) for wheel in wheels]
+    missing = sorted(set(pins) - set(names))
+    extra = sorted({name for name in names if name not in pins})
+    doubled = sorted({name for name in names if names.count(name) > 1})
+    if missing or extra or doubled:
+        raise WheelhouseFailed(
+            "the wheelhouse does not match the lock: "
+            f"missing {missing or 'none'}, not in the lock {extra or 'none'}, "
+            f"more than one wheel {doubled or 'none'}"
         )

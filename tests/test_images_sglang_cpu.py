@@ -1,0 +1,465 @@
+"""The CPU SGLang image (``envs/Dockerfile.sglang-cpu``): one image per variant with
+the real SGLang server inside, on the local Debian base, from the CPU runtime's lock.
+
+The fast tests need no container engine: the build context (the lock's wheelhouse,
+the load probe and the sgl-kernel stand-in, the variant's complete tree), the
+Dockerfile's layer order (the variant's tree last, so variants share every other
+layer), the build arguments, the tag, the closed lock's wheelhouse and the
+containers' GPUs. The test marked ``docker`` and ``slow`` builds both variants'
+images for real with the workflow's rules on config/test/sglang-cpu-docker.yaml
+(``.ci/container-engine.sh start`` gives the engine; the wheelhouse of the real lock
+is downloaded, about 3 GB, and each image is about 7 GB).
+"""
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+from study_helpers import snakemake_command
+
+from serving_study.container_runtime import container_options
+from serving_study.images import (
+    ENGINES,
+    ImageBuildFailed,
+    assemble_context,
+    build_arguments,
+    engine_answers,
+    image_labels,
+    image_tag,
+)
+from serving_study.sglang_commands import image_engine
+from serving_study.sglang_platform import (
+    CPU_PLATFORM,
+    CPU_RUNTIME_LOCK,
+    GPU_PLATFORM,
+)
+from serving_study.sources import file_sha256
+from serving_study.wheelhouse import (
+    WheelhouseFailed,
+    download_command,
+    lock_pins,
+    refuse_wheels_off_the_lock,
+)
+
+ROOT = Path(__file__).resolve().parents[1]
+# Real SGLang on the CPU, arms in containers: two variants, original and patched.
+CPU_DOCKER_CONFIG = ROOT / "config/test/sglang-cpu-docker.yaml"
+DOCKERFILE = ROOT / "envs/Dockerfile.sglang-cpu"
+BASE_IMAGE = "localhost/bookworm-minbase:latest"
+CONTAINER_SETTINGS = {
+    "embedded_base_image": BASE_IMAGE,
+    "embedded_python_version": "3.11",
+    "embedded_glibc_version": "2.36",
+    "ipc_host": False,
+    "gpus": "auto",
+}
+MM_UTILS = "srt/managers/mm_utils.py"
+TORCH_WHEEL = "torch-2.14.1-cp311-cp311-manylinux_2_28_x86_64.whl"
+
+
+# --- A variant and the platform's directories, small and made here ------------------
+
+
+@pytest.fixture
+def variant(tmp_path) -> dict:
+    """A variant whose tree has what a wheel's package has: sources, a compiled
+    extension, data files, and bytecode that must stay out of the image."""
+    package = tmp_path / "variant/python/sglang"
+    (package / "srt/managers/__pycache__").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / MM_UTILS).write_text("# the variant's transport\n")
+    (package / "srt/managers/__pycache__/mm_utils.cpython-311.pyc").write_bytes(b"x")
+    (package / "srt/rust_extensions").mkdir()
+    (
+        package / "srt/rust_extensions/_server.cpython-311-x86_64-linux-gnu.so"
+    ).write_bytes(b"\x7fELF")
+    (package / "srt/configs").mkdir()
+    (package / "srt/configs/model.json").write_text("{}")
+    return {
+        "name": "patched",
+        "source": {"name": "sglang-0.5.23", "sha256": "cd" * 32},
+        "mm_utils_sha256": file_sha256(package / MM_UTILS),
+        "sglang_python_root": str(tmp_path / "variant/python"),
+    }
+
+
+@pytest.fixture
+def python_path_directories(tmp_path) -> list[Path]:
+    """Directories named as the platform's (the load probe, the stand-in)."""
+    directories = []
+    for name in CPU_PLATFORM.python_path_directories:
+        directory = tmp_path / "project" / name
+        directory.mkdir(parents=True)
+        directories.append(directory)
+    (directories[0] / "sitecustomize.py").write_text("# probe\n")
+    (directories[1] / "sgl_kernel").mkdir()
+    (directories[1] / "sgl_kernel/__init__.py").write_text("# stand-in\n")
+    return directories
+
+
+@pytest.fixture
+def lock_wheelhouse(tmp_path) -> Path:
+    wheelhouse = tmp_path / "wheelhouse-sglang-cpu"
+    wheelhouse.mkdir()
+    (wheelhouse / "requirements.txt").write_text("torch==2.14.1\n")
+    (wheelhouse / TORCH_WHEEL).write_bytes(b"")
+    (wheelhouse / "wheelhouse.json").write_text("{}")
+    return wheelhouse
+
+
+def cpu_context(variant, lock_wheelhouse, python_path_directories, target) -> Path:
+    return assemble_context(
+        "sglang-cpu",
+        variant,
+        target,
+        dockerfile=DOCKERFILE,
+        verify_script=ROOT / "envs/verify_mm_utils.py",
+        wheelhouse=lock_wheelhouse,
+        python_path_directories=python_path_directories,
+    )
+
+
+# --- The context -----------------------------------------------------------------
+
+
+def test_context_holds_the_locks_wheels_probe_stand_in_and_the_whole_variant(
+    variant, lock_wheelhouse, python_path_directories, tmp_path
+):
+    context = cpu_context(
+        variant, lock_wheelhouse, python_path_directories, tmp_path / "context"
+    )
+    assert sorted(path.name for path in context.iterdir()) == [
+        "Dockerfile",
+        "serving-study",
+        "variant",
+        "verify_mm_utils.py",
+        "wheelhouse",
+    ]
+    assert (context / "Dockerfile").read_bytes() == DOCKERFILE.read_bytes()
+    # The manifest stays out: its timestamp would change the layer every time.
+    assert sorted(path.name for path in (context / "wheelhouse").iterdir()) == [
+        "requirements.txt",
+        TORCH_WHEEL,
+    ]
+    assert (context / "serving-study/server-probe/sitecustomize.py").is_file()
+    assert (context / "serving-study/stand-in/sgl_kernel/__init__.py").is_file()
+    package = context / "variant/python/sglang"
+    assert file_sha256(package / MM_UTILS) == variant["mm_utils_sha256"]
+    # The server imports compiled extensions and data files, not only sources.
+    assert [path.suffix for path in (package / "srt/rust_extensions").iterdir()] == [
+        ".so"
+    ]
+    assert (package / "srt/configs/model.json").is_file()
+    assert not list(context.rglob("__pycache__"))
+    # The variant's python/ holds nothing but the package (the embedded image
+    # takes the whole python/ tree; this one only the package).
+    assert [path.name for path in (context / "variant/python").iterdir()] == ["sglang"]
+
+
+def test_without_the_locks_wheelhouse_the_context_says_which_rule_makes_it(
+    variant, python_path_directories, tmp_path
+):
+    with pytest.raises(ImageBuildFailed, match="rule wheelhouse_sglang_cpu"):
+        cpu_context(variant, tmp_path / "none", python_path_directories, tmp_path / "c")
+
+
+def test_a_missing_python_path_directory_fails_the_context(
+    variant, lock_wheelhouse, python_path_directories, tmp_path
+):
+    shutil.rmtree(python_path_directories[0])
+    with pytest.raises(ImageBuildFailed, match="server-probe does not exist"):
+        cpu_context(
+            variant, lock_wheelhouse, python_path_directories, tmp_path / "context"
+        )
+    with pytest.raises(ValueError, match="distinct names"):
+        cpu_context(variant, lock_wheelhouse, [], tmp_path / "other")
+
+
+# --- The Dockerfile's layers --------------------------------------------------------
+
+
+def instructions(dockerfile: Path) -> list[tuple[str, str]]:
+    """(instruction, arguments) of each Dockerfile line, continuations joined."""
+    joined = re.sub(r"\\\n", " ", dockerfile.read_text())
+    parsed = []
+    for line in joined.splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            keyword, _, rest = line.partition(" ")
+            parsed.append((keyword.upper(), rest.strip()))
+    return parsed
+
+
+def final_stage() -> list[tuple[str, str]]:
+    steps = instructions(DOCKERFILE)
+    last_from = max(i for i, (keyword, _) in enumerate(steps) if keyword == "FROM")
+    return steps[last_from:]
+
+
+def test_the_variants_tree_is_the_last_layer_and_nothing_before_depends_on_it():
+    steps = final_stage()
+    copies = [rest for keyword, rest in steps if keyword == "COPY"]
+    assert copies[-1] == "variant/python/sglang /opt/variant/python/sglang"
+    # Before the variant's tree: the venv, then the probe and the stand-in.
+    assert copies[0] == "--from=packages /opt/venv /opt/venv"
+    assert copies[1:3] == [
+        "serving-study/server-probe /opt/serving-study/server-probe",
+        "serving-study/stand-in /opt/serving-study/stand-in",
+    ]
+    variant_at = next(
+        i for i, (keyword, rest) in enumerate(steps) if rest.startswith("variant/")
+    )
+    # Nothing per variant before it: no copy of the variant, no use of its sha256
+    # (an ARG used by a RUN would change that RUN's cache key per variant).
+    before = steps[:variant_at]
+    assert not [
+        rest for keyword, rest in before if keyword == "COPY" and "variant/" in rest
+    ]
+    assert not [rest for _, rest in before if "MM_UTILS_SHA256" in rest]
+    after = [keyword for keyword, _ in steps[variant_at + 1 :]]
+    assert after == ["ARG", "RUN"]  # one layer: the check, the import, bytecode
+    # The wheels never reach the final image: only the venv is copied out.
+    assert not any("wheelhouse" in rest for _, rest in steps)
+
+
+def test_the_images_environment_is_the_cpu_platforms():
+    env = " ".join(rest for keyword, rest in final_stage() if keyword == "ENV")
+    python_path = re.search(r"PYTHONPATH=(\S+)", env).group(1).split(":")
+    assert python_path == ["/opt/variant/python"] + [
+        f"/opt/serving-study/{Path(name).name}"
+        for name in CPU_PLATFORM.python_path_directories
+    ]
+    for variable, value in CPU_PLATFORM.environment.items():
+        assert f"{variable}={value}" in env
+    assert "PATH=/opt/venv/bin:$PATH" in env
+
+
+def test_the_lock_is_installed_offline_and_closed():
+    install = " ".join(
+        rest for keyword, rest in instructions(DOCKERFILE) if "pip install" in rest
+    )
+    for option in ("--no-index", "--no-deps", "--only-binary=:all:"):
+        assert option in install
+    assert "--requirement /tmp/wheelhouse/requirements.txt" in install
+
+
+# --- Build arguments, tag, labels -------------------------------------------------
+
+
+def test_build_arguments_come_from_the_debian_base_settings(variant):
+    assert build_arguments("sglang-cpu", variant, CONTAINER_SETTINGS) == {
+        "MM_UTILS_SHA256": variant["mm_utils_sha256"],
+        "BASE": BASE_IMAGE,
+        "PYTHON_VERSION": "3.11",
+    }
+
+
+def test_the_tag_and_the_dockerfile_follow_the_platform(variant):
+    kind = image_engine(CPU_PLATFORM)
+    assert kind == "sglang-cpu" and image_engine(GPU_PLATFORM) == "sglang"
+    assert image_tag(kind, "original") == "localhost/serving-study-sglang-cpu:original"
+    assert ROOT / CPU_PLATFORM.dockerfile == DOCKERFILE
+    for engine in ENGINES:
+        assert (ROOT / f"envs/Dockerfile.{engine}").is_file()
+    labels = image_labels(kind, variant)
+    assert labels["serving-study.engine"] == "sglang-cpu"
+
+
+# --- The closed lock's wheelhouse --------------------------------------------------
+
+
+def test_a_closed_lock_pins_every_line():
+    lines = [
+        "# a comment",
+        "",
+        "torch==2.14.1",
+        "Jinja2==3.1.6  # with a comment",
+        "nvidia_cublas==13.1.1.3 \\",
+        "    --hash=sha256:" + "0" * 64,
+    ]
+    assert lock_pins(lines) == {
+        "torch": "2.14.1",
+        "jinja2": "3.1.6",
+        "nvidia-cublas": "13.1.1.3",
+    }
+    with pytest.raises(WheelhouseFailed, match="transformers>=5"):
+        lock_pins(["torch==2.14.1", "transformers>=5"])
+    with pytest.raises(WheelhouseFailed, match="empty"):
+        lock_pins(["# nothing"])
+
+
+def test_a_closed_lock_downloads_without_dependencies_or_constraints(tmp_path):
+    argv = download_command(
+        requirements_file=tmp_path / "requirements.txt",
+        constraints_file=None,
+        dest=tmp_path,
+        python_version="3.11",
+        glibc_version="2.36",
+    )
+    assert "--no-deps" in argv and "--constraint" not in argv
+    assert argv[argv.index("--python-version") + 1] == "3.11"
+    assert argv[argv.index("--abi") + 1] == "cp311"
+    assert "--only-binary=:all:" in argv
+
+
+def test_the_wheels_must_match_the_lock_one_for_one():
+    pins = {"torch": "2.14.1", "nvidia-cublas": "13.1.1.3"}
+    cublas = Path("nvidia_cublas-13.1.1.3-py3-none-manylinux_2_27_x86_64.whl")
+    refuse_wheels_off_the_lock([Path(TORCH_WHEEL), cublas], pins)
+    with pytest.raises(WheelhouseFailed, match=r"missing \['nvidia-cublas'\]"):
+        refuse_wheels_off_the_lock([Path(TORCH_WHEEL)], pins)
+    with pytest.raises(WheelhouseFailed, match=r"not in the lock \['six'\]"):
+        refuse_wheels_off_the_lock(
+            [Path(TORCH_WHEEL), cublas, Path("six-1.17.0-py2.py3-none-any.whl")], pins
+        )
+
+
+# --- The containers' GPUs ------------------------------------------------------------
+
+
+def test_gpus_auto_follows_whether_the_platform_wants_them(tmp_path):
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"images": [{"width": 64, "height": 64}]}))
+
+    def gpus(platform) -> str:
+        return container_options(CONTAINER_SETTINGS, platform, 4, manifest)["gpus"]
+
+    assert gpus(CPU_PLATFORM) == "none"
+    assert gpus(GPU_PLATFORM) == "all"
+    assert gpus(None) == "none"  # the embedded engine
+    fixed = CONTAINER_SETTINGS | {"gpus": "device=1"}
+    assert container_options(fixed, CPU_PLATFORM, 4, manifest)["gpus"] == "device=1"
+
+
+# --- The workflow's plan -----------------------------------------------------------
+
+
+def require_project_files():
+    """The lock and the platform's directories are the project's; a missing one is
+    a failure of the project, not a reason to skip."""
+    missing = [
+        name
+        for name in (CPU_RUNTIME_LOCK, *CPU_PLATFORM.python_path_directories)
+        if not (ROOT / name).exists()
+    ]
+    assert not missing, f"the CPU SGLang image needs {', '.join(missing)}"
+
+
+def test_build_image_on_a_cpu_host_plans_the_locks_wheelhouse(tmp_path):
+    require_project_files()
+    finished = subprocess.run(
+        snakemake_command(
+            tmp_path,
+            "-n",
+            "results/images/original.iid",
+            "results/images/patched.iid",
+            config=CPU_DOCKER_CONFIG,
+        ),
+        capture_output=True,
+        text=True,
+    )
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    planned = finished.stdout + finished.stderr
+    assert re.search(r"\bwheelhouse_sglang_cpu\s+1\b", planned), planned
+    assert re.search(r"\bbuild_image\s+2\b", planned), planned
+    assert not re.search(r"\bwheelhouse\s+1\b", planned), planned
+
+
+# --- Real images (Docker) ------------------------------------------------------------
+
+
+def docker(*arguments: str, check: bool = True) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["docker", *arguments], capture_output=True, text=True, check=check
+    )
+
+
+@pytest.fixture(scope="module")
+def docker_engine():
+    """Skip unless a Docker engine answers and holds the local base image."""
+    problem = engine_answers("docker")
+    if problem:
+        pytest.skip(
+            f"no Docker engine answers ({problem}; DOCKER_HOST="
+            f"{os.environ.get('DOCKER_HOST', 'unset')}): run "
+            '`engine_env=$(.ci/container-engine.sh start) && eval "$engine_env"`'
+        )
+    if docker("image", "inspect", BASE_IMAGE, check=False).returncode != 0:
+        pytest.skip(f"the base image {BASE_IMAGE} is missing: .ci/container-engine.sh")
+
+
+@pytest.fixture(scope="module")
+def built_images(docker_engine, tmp_path_factory) -> Path:
+    """Both variants' images built by the workflow's rules, one after the other."""
+    require_project_files()
+    workdir = tmp_path_factory.mktemp("sglang-cpu-images")
+    finished = subprocess.run(
+        snakemake_command(
+            workdir,
+            "--cores",
+            "2",
+            "results/images/original.iid",
+            "results/images/patched.iid",
+            config=CPU_DOCKER_CONFIG,
+        ),
+        capture_output=True,
+        text=True,
+    )
+    # The wheelhouse is gigabytes: it is not kept with the test's files.
+    shutil.rmtree(workdir / "resources/wheelhouse-sglang-cpu", ignore_errors=True)
+    logs = "".join(
+        path.read_text(errors="replace")[-3000:]
+        for path in sorted((workdir / "results/logs").rglob("*.log"))
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:] + logs
+    return workdir
+
+
+def image_of(workdir: Path, variant: str) -> dict:
+    return json.loads((workdir / f"results/images/{variant}.inspect.json").read_text())
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_two_variants_share_every_layer_but_their_trees(built_images):
+    original = image_of(built_images, "original")["RootFS"]["Layers"]
+    patched = image_of(built_images, "patched")["RootFS"]["Layers"]
+    assert len(original) == len(patched)
+    # The variant's tree, then the check's layer (bytecode of that tree).
+    assert original[:-2] == patched[:-2]
+    assert original[-2] != patched[-2] and original[-1] != patched[-1]
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_each_image_imports_its_variants_mm_utils_from_the_variants_tree(
+    built_images,
+):
+    for name in ("original", "patched"):
+        variant = json.loads(
+            (built_images / f"results/variants/{name}.json").read_text()
+        )
+        image = image_of(built_images, name)
+        assert image["Config"]["Labels"]["serving-study.engine"] == "sglang-cpu"
+        assert "SGLANG_USE_CPU_ENGINE=1" in image["Config"]["Env"]
+        imported = docker(
+            "run",
+            "--rm",
+            "--network=none",
+            image["Id"],
+            "python3",
+            "-c",
+            "import sglang.srt.managers.mm_utils as m, sgl_kernel; "
+            "print(m.__file__); print(sgl_kernel.__file__)",
+        )
+        mm_utils, stand_in = imported.stdout.split()
+        assert mm_utils == f"/opt/variant/python/sglang/{MM_UTILS}"
+        assert stand_in == "/opt/serving-study/stand-in/sgl_kernel/__init__.py"
+        # The load probe, on the path in the image, reports the variant's file.
+        probe = re.search(r"serving-study loaded: (\{.*\})", imported.stderr)
+        assert probe, imported.stderr
+        assert json.loads(probe.group(1))["sha256"] == variant["mm_utils_sha256"]
