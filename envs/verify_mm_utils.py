@@ -1,12 +1,13 @@
 """Fail an image build unless Python runs the variant's own ``mm_utils.py``.
 
-Both Dockerfiles (``Dockerfile.embedded`` and ``Dockerfile.sglang``) run this as a
-build step, with the image's own Python and the standard library only::
+Every Dockerfile here (``Dockerfile.embedded``, ``Dockerfile.sglang``,
+``Dockerfile.sglang-cpu``) runs this as a build step, with the image's own Python
+and the standard library only::
 
     python3 verify_mm_utils.py EXPECTED_SHA256 [SEARCH_PATH]
 
 It finds the ``sglang`` package that ``import sglang`` would load, without
-importing it (importing SGLang needs a GPU), hashes its
+importing it (SGLang's import needs its whole runtime), hashes its
 ``srt/managers/mm_utils.py`` and exits non-zero unless the sha256 is the
 variant's. ``SEARCH_PATH`` is put first on ``sys.path``, as the embedded engine's
 ``--sglang-source`` does; without it the installed SGLang is checked (the SGLang

@@ -4,6 +4,7 @@ import json
 
 from serving_study.server_log_facts import (
     inline_fallback_reported,
+    is_reported,
     loaded_modules,
     main_process_load,
     stand_in_calls,
@@ -20,6 +21,7 @@ def load_line(pid: int, title: str, sha256: str, threads: int = 2) -> str:
         "pid": pid,
         "title": title,
         "torch_threads": threads,
+        "environment": {"OMP_NUM_THREADS": "1"} if threads == 1 else {},
     }
     return "serving-study loaded: " + json.dumps(report)
 
@@ -59,6 +61,13 @@ def test_the_main_process_is_found_by_pid_or_else_by_its_command_line():
     children_only = load_line(7, "python -c from multiprocessing.spawn", "c" * 64)
     assert main_process_load(children_only, None) is None
     assert main_process_load("no probe here", 100) is None
+
+
+def test_each_process_reports_its_own_thread_knobs():
+    assert main_process_load(LOG, 101).environment == {"OMP_NUM_THREADS": "1"}
+    assert main_process_load(LOG, 100).environment == {}
+    assert is_reported("OMP_NUM_THREADS") and is_reported("GOMP_SPINCOUNT")
+    assert not is_reported("HF_TOKEN")
 
 
 def test_placeholders_are_told_apart_from_the_real_op():

@@ -6,7 +6,7 @@ A ``sys.meta_path`` finder lets the real finders locate the module, then wraps t
 spec's loader so that, once the module has executed, one line goes to stderr::
 
     serving-study loaded: {"module": ..., "file": ..., "sha256": ..., "pid": ...,
-                           "title": ..., "torch_threads": ...}
+                           "title": ..., "torch_threads": ..., "environment": ...}
 
 Nothing else is changed: other modules are not touched, and torch is read from
 ``sys.modules`` (never imported here).
@@ -21,6 +21,10 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 
 PROBED_MODULE = "sglang.srt.managers.mm_utils"
+# The thread knobs this process runs with, as it sees them: /proc/<pid>/environ is
+# no witness once a process has imported setproctitle, which reuses that memory.
+THREAD_KNOB_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_")
+SECRET_NAME_PARTS = ("TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "API_KEY")
 
 
 def _process_title() -> str:
@@ -48,6 +52,12 @@ def _report(module: ModuleType) -> None:
         "pid": os.getpid(),
         "title": _process_title(),
         "torch_threads": torch.get_num_threads() if torch is not None else None,
+        "environment": {
+            name: value
+            for name, value in sorted(os.environ.items())
+            if name.startswith(THREAD_KNOB_PREFIXES)
+            and not any(part in name for part in SECRET_NAME_PARTS)
+        },
     }
     print(f"serving-study loaded: {json.dumps(record)}", file=sys.stderr, flush=True)
 

@@ -47,6 +47,7 @@ from serving_study.server_environment import (
 )
 from serving_study.server_log_facts import (
     inline_fallback_reported,
+    is_reported,
     main_process_load,
     stand_in_calls,
 )
@@ -356,11 +357,15 @@ def validity_checks(
 ) -> dict:
     quota = server.group.quota_in_force() if server.group else {}
     expected = dict(arm.get("environment", {}))
+    reported = identity.pop("environment_reported", None)
+    seen = environment_seen(server.pid, expected)
+    if reported is not None:
+        seen |= {name: reported.get(name) for name in expected if is_reported(name)}
     return {
         "quota_expected_cores": quota_cores(arm),
         "quota_in_force_cores": quota.get("cores"),
         "environment_expected": redacted(expected),
-        "environment_seen": redacted(environment_seen(server.pid, expected)),
+        "environment_seen": redacted(seen),
         "server_restarted": bool(window.get("server_pids_changed")),
         "max_dispatch_lag_ms_allowed": client["max_dispatch_lag_ms"],
         "warmup_requests": client["warmup_requests"],
@@ -403,6 +408,8 @@ def server_identity(
         "mm_utils_loaded_from": load.file if load else None,
         "mm_utils_sha256_loaded": load.sha256 if load else None,
         "torch_threads_seen": load.torch_threads if load else None,
+        # The main process's own view of its thread knobs (see the probe).
+        "environment_reported": load.environment if load else None,
         "inline_fallback_reported": inline_fallback_reported(log_text),
         "stand_in_placeholders_called": sorted(
             {call.op for call in calls if call.placeholder}

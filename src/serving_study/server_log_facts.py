@@ -26,6 +26,8 @@ STAND_IN_LINE = re.compile(
 )
 INLINE_FALLBACK_TEXT = "falling back to inline transport"
 TRANSPORT_MODULE = "sglang.srt.managers.mm_utils"
+# The variables the probe reports as the process sees them (its thread knobs).
+REPORTED_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_")
 # How the main process's command line names the server it starts.
 SERVER_COMMANDS = ("sglang.launch_server", "sglang serve")
 
@@ -40,6 +42,7 @@ class LoadedModule:
     pid: int
     title: str
     torch_threads: int | None
+    environment: dict[str, str]  # the thread knobs the process saw
 
 
 @dataclass(frozen=True)
@@ -48,6 +51,11 @@ class StandInCall:
     pid: int
     title: str
     placeholder: bool
+
+
+def is_reported(name: str) -> bool:
+    """The probe reports this variable (envs/server-probe/sitecustomize.py)."""
+    return name.startswith(REPORTED_PREFIXES)
 
 
 def loaded_modules(log_text: str) -> list[LoadedModule]:
@@ -67,6 +75,7 @@ def loaded_modules(log_text: str) -> list[LoadedModule]:
                     pid=int(report["pid"]),
                     title=str(report.get("title", "")),
                     torch_threads=report.get("torch_threads"),
+                    environment=dict(report.get("environment") or {}),
                 )
             )
         except (ValueError, KeyError, TypeError):
