@@ -484,6 +484,7 @@ def run_arm(
         server, base_url = start_healthy_server(
             engine, variant, arm, group_name, paths, client, workload_manifest
         )
+        provenance["start_to_healthy_s"] = round(time.monotonic() - started, 3)
         server_info = read_server_info(base_url)
         provenance.update(
             server_argv=server.argv,
