@@ -4,7 +4,11 @@ from pathlib import Path
 
 import pytest
 
+from serving_study.sglang_platform import CPU_RUNTIME_LOCK
+from serving_study.sglang_runtime import ensure_sglang_runtime
 from serving_study.sources import fetch_source, tree_sha256
+
+ROOT = Path(__file__).resolve().parents[1]
 
 SGLANG_0_5_23 = {
     "name": "sglang-0.5.23",
@@ -20,6 +24,16 @@ def sglang_0_5_23(pytestconfig) -> tuple[Path, dict]:
     identity = fetch_source(SGLANG_0_5_23, tree, download_dir=wheels)
     assert tree_sha256(tree / "python") == identity["tree_sha256"], "cache altered"
     return tree, identity
+
+
+@pytest.fixture(scope="session")
+def sglang_cpu_runtime(pytestconfig) -> dict:
+    """The real server's CPU runtime from envs/sglang-cpu/requirements.lock (~6.6
+    GB, built once and kept in pytest's cache; rebuilt when the lock changes)."""
+    destination = pytestconfig.cache.mkdir("sglang-runtime")
+    return ensure_sglang_runtime(
+        ROOT / CPU_RUNTIME_LOCK, destination, progress=lambda message: None
+    )
 
 
 # The two files the embedded engine loads the transport class from.

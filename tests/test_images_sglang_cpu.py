@@ -463,3 +463,48 @@ def test_each_image_imports_its_variants_mm_utils_from_the_variants_tree(
         probe = re.search(r"serving-study loaded: (\{.*\})", imported.stderr)
         assert probe, imported.stderr
         assert json.loads(probe.group(1))["sha256"] == variant["mm_utils_sha256"]
+
+
+@pytest.fixture(scope="module")
+def container_study(built_images) -> Path:
+    """The whole test study, each arm `docker run --cpus` of its variant's image."""
+    finished = subprocess.run(
+        snakemake_command(
+            built_images, "--cores", "1", "all", config=CPU_DOCKER_CONFIG
+        ),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    logs = "".join(
+        path.read_text(errors="replace")[-3000:]
+        for path in sorted((built_images / "results/logs/run_arm").rglob("*.log"))
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:] + logs
+    return built_images
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_real_server_serves_every_arm_in_its_container(container_study):
+    results = container_study / "results/test-sglang-cpu-docker"
+    for arm in ("original", "patched"):
+        run = results / arm / "run1"
+        metrics = json.loads((run / "metrics.json").read_text())
+        provenance = json.loads((run / "provenance.json").read_text())
+        assert metrics["valid"], metrics["invalid_reasons"]
+        argv = provenance["container_argv"]
+        assert argv[:2] == ["docker", "run"] and "sglang.launch_server" in argv
+        assert "--gpus" not in argv
+        assert any(item.endswith(":ro") for item in argv)  # the model, read-only
+        assert provenance["quota_seen_inside"]["cores"] == pytest.approx(1.5)
+        checks = metrics["checks"]
+        assert checks["transport_seen"] == "cpu"
+        assert (
+            checks["mm_utils_sha256_loaded"] == provenance["variant"]["mm_utils_sha256"]
+        )
+        assert checks["mm_utils_loaded_from"].startswith("/opt/variant/python/")
+        assert checks["stand_in_placeholders_called"] == []
+    assert (results / "report.html").is_file()
+    left = docker("ps", "-aq", "--filter", "label=serving-study.run", check=False)
+    assert left.stdout.strip() == ""

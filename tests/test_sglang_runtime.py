@@ -308,11 +308,9 @@ def test_the_probe_reports_from_a_spawned_process(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def built_runtime(pytestconfig) -> dict:
-    """The real runtime from envs/sglang-cpu/requirements.lock (~6.6 GB, built once
-    and kept in pytest's cache; rebuilt when the lock changes)."""
-    dest = pytestconfig.cache.mkdir("sglang-runtime")
-    return ensure_sglang_runtime(LOCK, dest, progress=lambda message: None)
+def built_runtime(sglang_cpu_runtime) -> dict:
+    """The real runtime from envs/sglang-cpu/requirements.lock (conftest.py)."""
+    return sglang_cpu_runtime
 
 
 def run_in_runtime(

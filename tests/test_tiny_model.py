@@ -4,7 +4,6 @@ places the image tokens, an interrupted write leaves nothing, and (slow) the rea
 transformers 5.19 processor turns a 512x512 image into the real Qwen3-VL's shapes."""
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -310,13 +309,11 @@ PROCESSOR_CHECK = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_the_real_processor_gives_qwen3_vl_shapes_for_a_512_image(tmp_path):
-    runtime_python = os.environ.get("SGLANG_RUNTIME_PYTHON")
-    if not runtime_python:
-        pytest.skip(
-            "SGLANG_RUNTIME_PYTHON is not set: point it at a python with "
-            "transformers 5.19.0, torch and torchvision"
-        )
+def test_the_real_processor_gives_qwen3_vl_shapes_for_a_512_image(
+    tmp_path, sglang_cpu_runtime
+):
+    # transformers 5.19.0, torch and torchvision: the real server's own runtime.
+    runtime_python = sglang_cpu_runtime["python"]
     write_tiny_qwen3_vl(tmp_path / "model", SETTINGS)
 
     result = subprocess.run(

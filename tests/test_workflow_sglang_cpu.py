@@ -3,8 +3,8 @@
 config/test/sglang-cpu.yaml: the seeded tiny Qwen3-VL, the original copy with the
 whole server under a quota and the patched copy with the quota on the main process
 alone, one run each, through every rule to the report. The server runtime is built
-once per pytest cache (rule sglang_runtime's module, a few minutes cold) and lent to
-each work directory. Needs root for the cgroups.
+once per pytest cache (conftest.py, a few minutes cold) and lent to each work
+directory. Needs root for the cgroups.
 """
 
 import json
@@ -14,9 +14,6 @@ from pathlib import Path
 
 import pytest
 from study_helpers import leaked_segments, snakemake_command
-
-from serving_study.sglang_platform import CPU_RUNTIME_LOCK
-from serving_study.sglang_runtime import ensure_sglang_runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "test" / "sglang-cpu.yaml"
@@ -31,18 +28,11 @@ pytestmark = [
 ]
 
 
-@pytest.fixture(scope="session")
-def sglang_cpu_runtime(pytestconfig) -> Path:
-    """The server runtime built from the lock, once per pytest cache."""
-    destination = pytestconfig.cache.mkdir("sglang-cpu-runtime")
-    ensure_sglang_runtime(ROOT / CPU_RUNTIME_LOCK, destination)
-    return destination
-
-
-def lend_runtime(workdir: Path, runtime: Path) -> None:
+def lend_runtime(workdir: Path, runtime: dict) -> None:
     """The workflow finds the built runtime where rule sglang_runtime puts it."""
     (workdir / "resources").mkdir(parents=True, exist_ok=True)
-    (workdir / "resources" / "sglang-runtime").symlink_to(runtime)
+    built = Path(runtime["python"]).parents[2]  # <runtime>/venv/bin/python
+    (workdir / "resources" / "sglang-runtime").symlink_to(built)
 
 
 @pytest.fixture(scope="module")
