@@ -73,3 +73,33 @@ rule harness_benchmarks:
         "../envs/workflow.yaml"
     shell:
         "cat {input} 2> {log}"
+
+
+# The real server's own figures (engine sglang on CPU), from a finished study: start
+# to healthy, each arm's overhead, and the main process's CPU per image request
+# split into the image processor, the SHM copy and the rest (the two steps measured
+# again, alone, in the server's runtime with the arm's variant and threads).
+# `snakemake --cores 1 real_server_benchmarks --configfile config/sglang-cpu.yaml`.
+rule real_server_benchmarks:
+    input:
+        metrics=run_metrics_files(),
+        variants=variant_identity_files(),
+        runtime=SGLANG_RUNTIME,
+        model=model_snapshot_file(),
+        workloads=[f"results/workloads/{name}/manifest.json" for name in WORKLOADS],
+    output:
+        figures=f"results/{EXPERIMENT}/real_server.json",
+        table=f"results/{EXPERIMENT}/tables/real_server.csv",
+    log:
+        f"results/logs/benchmarks/real_server_{EXPERIMENT}.log",
+    conda:
+        "../envs/workflow.yaml"
+    threads: WHOLE_HOST
+    params:
+        arms=ARMS,
+        workload_manifests={
+            name: f"results/workloads/{name}/manifest.json" for name in WORKLOADS
+        },
+        images=24,
+    script:
+        "../scripts/real_server_benchmarks.py"
