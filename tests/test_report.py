@@ -297,3 +297,22 @@ def test_captions_render_as_restructured_text(caption):
     assert html.strip()
     if caption.name == "workflow.rst":
         assert "fixture-2x3" in html
+
+
+def test_a_real_server_on_cpu_says_what_differs_from_a_gpu_host():
+    from serving_study.report import platform_html
+
+    config = {
+        "engine": "sglang",
+        "sglang": {"device": "cpu"},
+        "arms": [
+            {"name": "A"},
+            {"name": "A-main", "quota_scope": "main_process"},
+        ],
+    }
+    text = platform_html(config)
+    assert "what differs from a GPU host" in text
+    assert "tiny Qwen3-VL" in text and "stand-in" in text
+    assert "in: A-main; the whole server elsewhere" in text
+    assert platform_html(config | {"sglang": {"device": "cuda"}}) == ""
+    assert platform_html({"engine": "embedded"}) == ""

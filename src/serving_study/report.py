@@ -49,6 +49,7 @@ from serving_study.report_charts import (
     is_release_series,
 )
 from serving_study.run_metrics import METRICS
+from serving_study.sglang_platform import CPU_HOST_DIFFERENCES
 
 FIGURE_CAPTIONS = {
     "release_series": (
@@ -216,6 +217,7 @@ def render_report(
         release_change_html(tables, config),
         "<h2>Setup</h2>",
         setup_html(tables, config, host),
+        platform_html(config),
         "<h3>Variants</h3>",
         variants_html(variants),
         "<h2>Figures</h2>",
@@ -449,6 +451,31 @@ def run_dates(runs: pd.DataFrame) -> str:
         float(ends.max() if not ends.empty else starts.max()), tz=UTC
     )
     return f"{first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC"
+
+
+def platform_html(config: dict) -> str:
+    """For real SGLang on a CPU host: what differs from a GPU host, and which arms
+    have the quota on the main process alone."""
+    sglang = config.get("sglang") or {}
+    if config.get("engine") != "sglang" or sglang.get("device") != "cpu":
+        return ""
+    items = "".join(f"<li>{escape(line)}</li>" for line in CPU_HOST_DIFFERENCES)
+    main_only = [
+        arm["name"]
+        for arm in config.get("arms", [])
+        if arm.get("quota_scope") == "main_process"
+    ]
+    scope = (
+        "<p>The quota binds the main process alone (the scheduler and detokenizer "
+        f"in a cgroup of their own) in: {escape(', '.join(main_only))}; the whole "
+        "server elsewhere.</p>"
+        if main_only
+        else ""
+    )
+    return (
+        "<h3>SGLang's real server on CPU: what differs from a GPU host</h3>"
+        f"<ul>{items}</ul>{scope}"
+    )
 
 
 def method_html(config: dict) -> str:

@@ -43,6 +43,23 @@ CPU_SERVER_FLAGS = (
 )
 CPU_ENVIRONMENT = {"SGLANG_USE_CPU_ENGINE": "1"}
 
+# What a run on a CPU host does not share with a GPU host, for the report.
+CPU_HOST_DIFFERENCES = (
+    "The model is a seeded tiny Qwen3-VL with random weights, not the real one; "
+    "its image shapes are the real model's (256 image tokens per 512x512 image).",
+    "The scheduler's forward pass runs on the CPU. With the whole server under the "
+    "quota (quota_scope server) it takes most of the quota, which a GPU host's "
+    "scheduler does not; arms with quota_scope main_process keep it out of the "
+    "quota instead.",
+    "The main process preprocesses images on the CPU (a GPU host does it on the "
+    "GPU, then copies the pixels to host memory before the shared-memory copy), "
+    "with SGLang's CPU-host defaults (e.g. two image-processor threads, not one).",
+    "SGLang runs with --device cpu, torch-native attention, SDPA vision attention, "
+    "no CUDA graphs, --sleep-on-idle and SGLANG_USE_CPU_ENGINE=1, and a pure-torch "
+    "stand-in for sgl-kernel's CPU build, whose placeholders never ran (checked).",
+    "There is no cuda_ipc transport and no GPU utilisation to report.",
+)
+
 # Relative to the project root; each holds packages put on the server's PYTHONPATH.
 LOAD_PROBE_DIRECTORY = "envs/server-probe"
 KERNEL_STAND_IN_DIRECTORY = "envs/sglang-cpu/stand-in"
