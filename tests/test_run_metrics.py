@@ -140,6 +140,11 @@ def test_failed_request_and_late_dispatch_make_the_run_invalid():
             "shared-memory copy under study was skipped; give the server more /dev/shm",
         ),
         (
+            {"patched_modules_never_loaded": ["sglang.srt.utils.unused"]},
+            "the variant's change is to sglang/srt/utils/unused.py, which no "
+            "server process loaded: the patch does not touch the code under study",
+        ),
+        (
             {"stand_in_placeholders_called": ["fused_sigmoid_mul_cpu"]},
             "the sgl-kernel stand-in's placeholders ran: fused_sigmoid_mul_cpu",
         ),

@@ -20,7 +20,12 @@ import pytest
 import torch
 
 from serving_study.sources import fetch_source, file_sha256
-from serving_study.variants import PatchDoesNotApply, apply_patch, prepare_variant
+from serving_study.variants import (
+    PatchDoesNotApply,
+    apply_patch,
+    changed_modules,
+    prepare_variant,
+)
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 PATCH = "envs/patches/pr48881-shm-copy-without-thread-fanout.patch"
@@ -101,6 +106,27 @@ def test_a_variant_for_a_real_server_carries_its_patched_bytecode(tmp_path):
     assert not (source / "python/sglang/srt/managers/__pycache__").exists()
     prepare_variant(variant, source, identity, tmp_path / "fix.patch", tmp_path / "w")
     assert not list((tmp_path / "w").rglob("*.pyc"))
+
+
+def test_the_modules_a_change_touches_are_read_from_its_diff(tmp_path):
+    (tmp_path / "source").mkdir()
+    (tmp_path / "source" / "pull-request-7.patch").write_text(
+        "--- a/python/sglang/srt/managers/mm_utils.py\n"
+        "+++ b/python/sglang/srt/managers/mm_utils.py\n"
+        "--- a/python/sglang/srt/layers/__init__.py\n"
+        "+++ b/python/sglang/srt/layers/__init__.py\n"
+        "+++ b/docs/readme.md\n"
+    )
+    identity = {
+        "patch": {"file": PATCH},
+        "pull_request": {"file": "pull-request-7.patch"},
+        "sglang_python_root": str(tmp_path / "source" / "python"),
+    }
+    assert changed_modules(identity, REPOSITORY) == [
+        "sglang.srt.layers",
+        "sglang.srt.managers.mm_utils",
+    ]
+    assert changed_modules({"patch": None, "pull_request": None}, REPOSITORY) == []
 
 
 def load_transport_class(python_root: Path) -> type:

@@ -21,6 +21,13 @@ from importlib.machinery import ModuleSpec
 from types import ModuleType
 
 PROBED_MODULE = "sglang.srt.managers.mm_utils"
+# More modules to report, comma-separated: the runner names those a variant's
+# patch changes, so that a patch to a file the server never loads is caught.
+EXTRA_MODULES_VARIABLE = "SERVING_STUDY_REPORT_MODULES"
+PROBED_MODULES = frozenset(
+    [PROBED_MODULE]
+    + [name for name in os.environ.get(EXTRA_MODULES_VARIABLE, "").split(",") if name]
+)
 # The thread knobs this process runs with, as it sees them: /proc/<pid>/environ is
 # no witness once a process has imported setproctitle, which reuses that memory.
 THREAD_KNOB_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_")
@@ -46,7 +53,7 @@ def _report(module: ModuleType) -> None:
         digest = hashlib.sha256(source.read()).hexdigest()
     torch = sys.modules.get("torch")
     record = {
-        "module": PROBED_MODULE,
+        "module": module.__name__,
         "file": path,
         "sha256": digest,
         "pid": os.getpid(),
@@ -71,7 +78,7 @@ class MmUtilsProbe:
         path: Sequence[str] | None,
         target: ModuleType | None = None,
     ) -> ModuleSpec | None:
-        if fullname != PROBED_MODULE:
+        if fullname not in PROBED_MODULES:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):

@@ -46,8 +46,10 @@ from serving_study.server_environment import (
     server_environment,
 )
 from serving_study.server_log_facts import (
+    REPORT_MODULES_VARIABLE,
     inline_fallback_reported,
     is_reported,
+    loaded_modules,
     main_process_load,
     stand_in_calls,
 )
@@ -57,7 +59,13 @@ from serving_study.sglang_commands import (
     sglang_server_argv,
     sglang_server_environment,
 )
-from serving_study.sglang_platform import SGLangPlatform, platform_for, python_path
+from serving_study.sglang_platform import (
+    PROJECT_ROOT,
+    SGLangPlatform,
+    platform_for,
+    python_path,
+)
+from serving_study.variants import changed_modules
 
 log = logging.getLogger(__name__)
 
@@ -162,6 +170,11 @@ def arm_environment(
         return dict(arm.get("environment", {}))
     platform = sglang_platform(engine)
     environment = sglang_server_environment(arm, engine["sglang"], platform)
+    if variant is not None:
+        # The load probe reports these too: a patch the server never loads shows.
+        environment[REPORT_MODULES_VARIABLE] = ",".join(
+            changed_modules(variant, PROJECT_ROOT)
+        )
     if not in_container(engine) and variant is not None:
         environment["PYTHONPATH"] = python_path(platform, variant["sglang_python_root"])
     return environment
@@ -403,7 +416,13 @@ def server_identity(
     main_pid = server.pid if isinstance(server, LocalServer) else None
     load = main_process_load(log_text, main_pid)
     calls = stand_in_calls(log_text)
+    reported = {report.module for report in loaded_modules(log_text)}
     facts |= {
+        "patched_modules_never_loaded": [
+            module
+            for module in changed_modules(variant, PROJECT_ROOT)
+            if module not in reported
+        ],
         "transport_seen": server_info.get("mm_feature_transport"),
         "mm_utils_loaded_from": load.file if load else None,
         "mm_utils_sha256_loaded": load.sha256 if load else None,

@@ -369,6 +369,11 @@ def _identity_reasons(checks: dict) -> list[str]:
             "SGLang sent images inline because /dev/shm was full, so the "
             "shared-memory copy under study was skipped; give the server more /dev/shm"
         )
+    for module in checks.get("patched_modules_never_loaded") or []:
+        reasons.append(
+            f"the variant's change is to {module.replace('.', '/')}.py, which no "
+            "server process loaded: the patch does not touch the code under study"
+        )
     placeholders = checks.get("stand_in_placeholders_called") or []
     if placeholders:
         reasons.append(

@@ -26,6 +26,8 @@ STAND_IN_LINE = re.compile(
 )
 INLINE_FALLBACK_TEXT = "falling back to inline transport"
 TRANSPORT_MODULE = "sglang.srt.managers.mm_utils"
+# Further modules the probe reports, named by the runner (comma-separated).
+REPORT_MODULES_VARIABLE = "SERVING_STUDY_REPORT_MODULES"
 # The variables the probe reports as the process sees them (its thread knobs).
 REPORTED_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_")
 # How the main process's command line names the server it starts.

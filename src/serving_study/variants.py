@@ -26,6 +26,8 @@ from serving_study.sources import (
 )
 
 TRANSPORT_MODULE = Path("python/sglang/srt/managers/mm_utils.py")
+# A changed Python file in a unified diff of the repository's layout.
+CHANGED_FILE = re.compile(r"^\+\+\+ b/python/(?P<path>sglang/\S+\.py)\s*$")
 
 
 class PatchDoesNotApply(Exception):
@@ -229,3 +231,22 @@ def _failures(report: str, patch_path: Path) -> list[str]:
             line += f" (hunk {hunk_headers[failed.groups()]})"
         failures.append(line)
     return failures or [report.strip() or "git apply failed without a message"]
+
+
+def changed_modules(identity: dict, project_root: Path) -> list[str]:
+    """The Python modules a variant's change touches (``sglang.srt.managers.
+    mm_utils``), read from its patch or pull-request diff (none without one)."""
+    diffs = []
+    if identity.get("patch"):
+        diffs.append(Path(project_root) / identity["patch"]["file"])
+    if identity.get("pull_request"):
+        tree = Path(identity["sglang_python_root"]).parent
+        diffs.append(tree / identity["pull_request"]["file"])
+    modules = []
+    for diff in diffs:
+        for line in diff.read_text().splitlines():
+            match = CHANGED_FILE.match(line)
+            if match:
+                module = match["path"].removesuffix(".py").replace("/", ".")
+                modules.append(module.removesuffix(".__init__"))
+    return sorted(set(modules))
