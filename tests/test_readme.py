@@ -39,3 +39,91 @@ def test_gpu_host_headline_matches_the_committed_tables():
         assert value == round(medians[arm], 1), arm
     ratio = medians["A"] / medians["C"]
     assert f"A/C = {ratio:.2f}" in section
+
+
+SGLANG_CPU = ROOT / "docs" / "results" / "sglang-cpu"
+
+
+def markdown_rows(section: str) -> list[list[str]]:
+    """The body rows of the markdown tables in ``section``, cells stripped."""
+    rows = []
+    for line in section.splitlines():
+        if line.startswith("| ") and not line.startswith("|---"):
+            rows.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+    return [row for row in rows if row[0] not in ("arm", "claim", "")]
+
+
+def arm_medians(metric: str):
+    import pandas as pd
+
+    arms = pd.read_csv(SGLANG_CPU / "tables" / "arms.csv")
+    return arms[arms["metric"] == metric].set_index("arm")["median"]
+
+
+def test_real_server_figures_in_the_readme_match_the_committed_tables():
+    import pandas as pd
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## SGLang's real server on CPU", 1)[1].split("\n## ", 1)[0]
+    throughput = arm_medians("throughput_rps")
+    shown = {row[0]: float(row[3]) for row in markdown_rows(section) if len(row) == 4}
+    assert set(shown) == set(throughput.index)
+    for arm, value in shown.items():
+        assert value == round(throughput[arm], 2), arm
+    claims = pd.read_csv(SGLANG_CPU / "tables" / "claims.csv").set_index("claim")
+    ratios = pd.read_csv(SGLANG_CPU / "tables" / "ratios.csv").set_index("claim")
+    for claim, numerator, denominator in (
+        ("patch-recovers-main-process", "C-main", "A-main"),
+        ("thread-cap-recovers-main-process", "B-main", "A-main"),
+    ):
+        value, verdict = claims.loc[claim, "value"], claims.loc[claim, "verdict"]
+        assert f"{numerator}/{denominator} = {value:.2f}x" in section
+        line = next(
+            line
+            for line in section.split("\n- ")
+            if line.startswith(f"{numerator}/{denominator}")
+        )
+        assert f"**{verdict}**" in line
+        blocks = ratios.loc[claim, "block_ratios"]
+        for block in blocks.split("; "):
+            assert block.split()[1] in line, (claim, block)
+    spread = claims.loc["whole-server-copy-is-not-the-bottleneck"]
+    assert f"**{spread['verdict']}** (spread {100 * spread['value']:.1f}%)" in section
+
+
+def test_the_real_server_results_page_matches_the_committed_tables():
+    import pandas as pd
+
+    page = (SGLANG_CPU / "README.md").read_text()
+    throughput = arm_medians("throughput_rps")
+    main_cpu = arm_medians("main_cpu_percent")
+    scheduler_cpu = arm_medians("scheduler_cpu_percent")
+    throttled = arm_medians("throttled_share")
+    table = page.split("## Throughput and CPU", 1)[1].split("\n## ", 1)[0]
+    rows = markdown_rows(table)
+    assert {row[0] for row in rows} == set(throughput.index)
+    for arm, _, rps, main, scheduler, share in rows:
+        assert float(rps) == round(throughput[arm], 2), arm
+        assert main == f"{main_cpu[arm]:.1f}%", arm
+        assert scheduler == f"{scheduler_cpu[arm]:.1f}%", arm
+        assert share == f"{100 * throttled[arm]:.0f}%", arm
+    split = pd.read_csv(SGLANG_CPU / "tables" / "real_server.csv").set_index("arm")
+    section = page.split("## Where the main process's CPU goes", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    for row in markdown_rows(section):
+        arm, start, overhead, main, processor, copy, rest, scheduler = row
+        figures = split.loc[arm]
+        assert start == f"{figures['start_to_healthy_s']:.1f} s", arm
+        assert overhead == f"{figures['arm_overhead_s']:.1f} s", arm
+        assert main == f"{figures['main_cpu_ms_per_request']:.1f} ms", arm
+        assert processor == f"{figures['processor_cpu_ms']:.1f} ms", arm
+        assert copy == f"{figures['shm_copy_cpu_ms']:.1f} ms", arm
+        assert rest == f"{figures['rest_cpu_ms']:.1f} ms", arm
+        assert scheduler == f"{figures['scheduler_cpu_ms_per_request']:.0f} ms", arm
+    claims = pd.read_csv(SGLANG_CPU / "tables" / "claims.csv")
+    verdicts = page.split("## Verdicts", 1)[1].split("\n## ", 1)[0]
+    for claim in claims.itertuples():
+        (row,) = [
+            row for row in markdown_rows(verdicts) if row[0].startswith(claim.claim)
+        ]
+        assert row[-1] == claim.verdict, claim.claim
