@@ -11,6 +11,7 @@ import yaml
 
 from serving_study.arm_runner import RunPaths, model_name, new_server, server_argv
 from serving_study.config import check_config
+from serving_study.sglang_platform import PROJECT_ROOT
 from serving_study.workloads import generate_workload
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,6 +30,7 @@ def engine_of(config: dict, model_host_path: str) -> dict:
         "runtime": config["runtime"],
         "embedded": config["embedded_engine"],
         "sglang": config["sglang"],
+        "sglang_device": config["sglang"]["device"],
         "container": config["container"],
         "image_id_file": None,
         "model_host_path": model_host_path,
@@ -79,3 +81,37 @@ def test_the_container_gets_gpus_the_model_read_only_and_the_cache_settings(
     assert "--env" in run and "OMP_NUM_THREADS=8" in run
     assert "SGLANG_VLM_CACHE_SIZE_MB=0" in run
     assert model_name(engine) == config["sglang"]["model"]
+
+
+def test_a_cpu_arm_runs_the_built_runtime_with_the_variants_tree_first(tmp_path):
+    config = published("sglang-cpu.yaml")
+    engine = engine_of(config, str(tmp_path / "tiny"))
+    engine["runtime_python"] = "/runtime/venv/bin/python"
+    engine["model_flags"] = ("--load-format", "dummy", "--dtype", "float32")
+    variant = {
+        "name": "patched",
+        "sglang_python_root": "/variants/patched/python",
+        "patch": {"file": "envs/patches/pr48881-shm-copy-without-thread-fanout.patch"},
+        "pull_request": None,
+    }
+    arm = next(arm for arm in config["arms"] if arm["name"] == "C-main")
+    argv = server_argv(engine, variant, arm, 31000)
+    assert argv[:3] == ["/runtime/venv/bin/python", "-m", "sglang.launch_server"]
+    assert argv[argv.index("--device") + 1] == "cpu"
+    assert argv[argv.index("--load-format") + 1] == "dummy"
+    assert argv[argv.index("--dtype") + 1] == "float32"
+    paths = RunPaths(*(tmp_path / name for name in "abcde"))
+    server = new_server(
+        engine, argv, arm, "cpu-C-main-run1", paths, config["client"], None, variant
+    )
+    path = server.environment["PYTHONPATH"].split(":")
+    assert path[0] == "/variants/patched/python"
+    assert path[1:] == [
+        str(PROJECT_ROOT / "envs" / "server-probe"),
+        str(PROJECT_ROOT / "envs" / "sglang-cpu" / "stand-in"),
+    ]
+    assert server.environment["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert server.environment["SERVING_STUDY_REPORT_MODULES"] == (
+        "sglang.srt.managers.mm_utils"
+    )
+    assert server.quota_scope == "main_process" and server.terminate_leader_only

@@ -673,6 +673,7 @@ def test_sglang_dockerfile_puts_the_variant_over_an_editable_install(
             tmp_path / "context",
             dockerfile=ROOT / "envs/Dockerfile.sglang",
             verify_script=ROOT / "envs/verify_mm_utils.py",
+            python_path_directories=[ROOT / "envs/server-probe"],
         )
         arguments = {
             "BASE_IMAGE": base_tag,
@@ -698,12 +699,15 @@ def test_sglang_dockerfile_puts_the_variant_over_an_editable_install(
             "sh",
             "-c",
             f"sha256sum {package}/srt/managers/mm_utils.py; "
-            f"ls {package}/release_only.py; ls -d {package}/srt/managers/__pycache__",
+            f"ls {package}/release_only.py; ls -d {package}/srt/managers/__pycache__; "
+            'echo "PYTHONPATH=$PYTHONPATH"',
             check=False,
         )
         assert variant["mm_utils_sha256"] in listing.stdout
         assert "release_only.py" in listing.stdout  # the release's extra files stay
         assert "__pycache__" in listing.stderr  # stale bytecode is gone
+        # The load probe is on the server's path, as on every real server.
+        assert "PYTHONPATH=/opt/serving-study/server-probe" in listing.stdout
         assert inspect_image("docker", image_id)["Id"] == image_id
     finally:
         docker("image", "rm", "--force", f"{base_tag}-variant", base_tag, check=False)

@@ -51,9 +51,20 @@ def test_enough_shared_memory_passes():
     )
 
 
-def test_sglang_engine_without_gpu_is_refused():
-    needs = unmet_needs(host(), {"engine": "sglang", "runtime": "local"}, [], None)
-    assert any("needs an NVIDIA GPU" in need for need in needs)
+def test_sglang_engine_on_cuda_without_gpu_is_refused_and_on_cpu_is_not():
+    on_cuda = {"engine": "sglang", "runtime": "local", "sglang_device": "cuda"}
+    needs = unmet_needs(host(), on_cuda, [], None)
+    assert any("runs the real model on an NVIDIA GPU" in need for need in needs)
+    assert any("sglang.device: cpu" in need for need in needs)
+    on_cpu = on_cuda | {"sglang_device": "cpu"}
+    assert not any("GPU" in need for need in unmet_needs(host(), on_cpu, [], None))
+
+
+def test_sglang_on_cpu_without_a_c_compiler_is_refused(monkeypatch):
+    monkeypatch.setattr("shutil.which", lambda name: None)
+    on_cpu = {"engine": "sglang", "runtime": "local", "sglang_device": "cpu"}
+    needs = unmet_needs(host(), on_cpu, [], None)
+    assert any("needs a C compiler" in need and "gcc" in need for need in needs)
 
 
 def test_container_runtime_without_engine_is_refused():
