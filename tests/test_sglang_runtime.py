@@ -270,6 +270,12 @@ def test_the_probe_reports_the_module_once_and_changes_nothing_else(tmp_path):
         "pid": facts["pid"],
         "title": line["title"],
         "torch_threads": None,
+        # The thread knobs the process saw: this test's own, inherited.
+        "environment": {
+            name: value
+            for name, value in sorted(os.environ.items())
+            if name.startswith(("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_"))
+        },
     }
     assert "-c" in line["title"]
     assert facts == {
