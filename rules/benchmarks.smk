@@ -92,6 +92,8 @@ rule real_server_benchmarks:
         table=f"results/{EXPERIMENT}/tables/real_server.csv",
     log:
         f"results/logs/benchmarks/real_server_{EXPERIMENT}.log",
+    # It measures in the runtime the workflow built on this host.
+    localrule: True
     conda:
         "../envs/workflow.yaml"
     threads: WHOLE_HOST

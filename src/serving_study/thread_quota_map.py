@@ -28,6 +28,7 @@ from serving_study.arm_runner import (
     now_iso,
     quota_cores,
     read_server_info,
+    server_identity,
     start_healthy_server,
     termination_as_interrupt,
     validity_checks,
@@ -151,6 +152,7 @@ def run_map_row(
                     base_url,
                     cell_arm(settings, variant_name, threads, quota),
                     engine,
+                    variant,
                     workload_manifest,
                     cell_client,
                     monitors,
@@ -167,6 +169,7 @@ def measure_cell(
     base_url: str,
     arm: dict,
     engine: dict,
+    variant: dict,
     workload_manifest: Path,
     client: dict,
     monitors: dict,
@@ -185,7 +188,8 @@ def measure_cell(
         )
         if server.exit_code() is not None:
             raise ArmFailed(f"server exited with code {server.exit_code()}")
-        checks = validity_checks(arm, client, server_info, window, server)
+        identity = server_identity(engine, arm, variant, server_info, server)
+        checks = validity_checks(arm, client, server_info, window, server, identity)
         write_json(paths.monitors, window)
         metrics = summarize_run(paths.requests, paths.monitors, arm, checks, run=1)
     except (ArmFailed, OSError) as failure:
