@@ -39,7 +39,9 @@ def wait_for_a_serving_arm(snakemake: subprocess.Popen, timeout_s: float = 300):
         for process in psutil.Process(snakemake.pid).children(recursive=True):
             try:
                 if process.cmdline()[:1] == ["sglang::scheduler"]:
-                    time.sleep(2.0)
+                    # Soon: a tiny arm serves for about a second, and a signal
+                    # after its last run would find no arm to interrupt.
+                    time.sleep(0.3)
                     return
             except psutil.NoSuchProcess:
                 continue
