@@ -1,14 +1,20 @@
-"""Fixtures shared across test files: the real SGLang 0.5.23 source, fetched once."""
+"""Fixtures shared across test files: the real SGLang 0.5.23 source, fetched once;
+the CPU server runtime, built once; a Docker engine that answers, or a skip."""
 
+import os
 from pathlib import Path
 
 import pytest
+from study_helpers import docker
 
+from serving_study.images import engine_answers
 from serving_study.sglang_platform import CPU_RUNTIME_LOCK
 from serving_study.sglang_runtime import ensure_sglang_runtime
 from serving_study.sources import fetch_source, tree_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
+# The Debian base every locally built image starts from (.ci/container-engine.sh).
+BASE_IMAGE = "localhost/bookworm-minbase:latest"
 
 SGLANG_0_5_23 = {
     "name": "sglang-0.5.23",
@@ -87,3 +93,17 @@ def transport_sources_0_5_23_patched(transport_sources_0_5_23, tmp_path_factory)
     assert text.count(ORIGINAL_COPY) == 1
     mm_utils.write_text(text.replace(ORIGINAL_COPY, PR_48881_COPY))
     return patched
+
+
+@pytest.fixture(scope="module")
+def docker_engine():
+    """Skip unless a Docker engine answers and holds the local base image."""
+    problem = engine_answers("docker")
+    if problem:
+        pytest.skip(
+            f"no Docker engine answers ({problem}; DOCKER_HOST="
+            f"{os.environ.get('DOCKER_HOST', 'unset')}): run "
+            '`engine_env=$(.ci/container-engine.sh start) && eval "$engine_env"`'
+        )
+    if docker("image", "inspect", BASE_IMAGE, check=False).returncode != 0:
+        pytest.skip(f"the base image {BASE_IMAGE} is missing: .ci/container-engine.sh")

@@ -1,5 +1,6 @@
 """Helpers the whole-workflow and arm tests share."""
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -37,3 +38,10 @@ def leaked_segments() -> list[Path]:
         for path in Path("/dev/shm").glob("sgl_shm_*")
         if not psutil.pid_exists(int(path.name.split("_")[-2]))
     ]
+
+
+def docker(*arguments: str, check: bool = True) -> subprocess.CompletedProcess:
+    """The docker client (its DOCKER_HOST from the environment), output captured."""
+    return subprocess.run(
+        ["docker", *arguments], capture_output=True, text=True, check=check
+    )

@@ -19,7 +19,7 @@ import psutil
 import pytest
 import requests
 from PIL import Image
-from study_helpers import snakemake_command
+from study_helpers import docker, snakemake_command
 
 from serving_study.client import ServerNeverHealthy, wait_until_healthy
 from serving_study.container_runtime import (
@@ -43,7 +43,6 @@ from serving_study.images import (
     build_arguments,
     build_command,
     build_variant_image,
-    engine_answers,
     image_tag,
     inspect_image,
     run_build,
@@ -400,26 +399,6 @@ def test_cuda_wheels_are_refused():
 
 
 # --- Real containers (Docker) ------------------------------------------------------
-
-
-def docker(*arguments: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["docker", *arguments], capture_output=True, text=True, check=check
-    )
-
-
-@pytest.fixture(scope="module")
-def docker_engine():
-    """Skip unless a Docker engine answers and holds the local base image."""
-    problem = engine_answers("docker")
-    if problem:
-        pytest.skip(
-            f"no Docker engine answers ({problem}; DOCKER_HOST="
-            f"{os.environ.get('DOCKER_HOST', 'unset')}): run "
-            '`engine_env=$(.ci/container-engine.sh start) && eval "$engine_env"`'
-        )
-    if docker("image", "inspect", BASE_IMAGE, check=False).returncode != 0:
-        pytest.skip(f"the base image {BASE_IMAGE} is missing: .ci/container-engine.sh")
 
 
 @pytest.fixture(scope="module")

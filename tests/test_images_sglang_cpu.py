@@ -12,14 +12,13 @@ is downloaded, about 3 GB, and each image is about 7 GB).
 """
 
 import json
-import os
 import re
 import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
-from study_helpers import snakemake_command
+from study_helpers import docker, snakemake_command
 
 from serving_study.container_runtime import container_options
 from serving_study.images import (
@@ -27,7 +26,6 @@ from serving_study.images import (
     ImageBuildFailed,
     assemble_context,
     build_arguments,
-    engine_answers,
     image_labels,
     image_tag,
 )
@@ -370,26 +368,6 @@ def test_build_image_on_a_cpu_host_plans_the_locks_wheelhouse(tmp_path):
 
 
 # --- Real images (Docker) ------------------------------------------------------------
-
-
-def docker(*arguments: str, check: bool = True) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        ["docker", *arguments], capture_output=True, text=True, check=check
-    )
-
-
-@pytest.fixture(scope="module")
-def docker_engine():
-    """Skip unless a Docker engine answers and holds the local base image."""
-    problem = engine_answers("docker")
-    if problem:
-        pytest.skip(
-            f"no Docker engine answers ({problem}; DOCKER_HOST="
-            f"{os.environ.get('DOCKER_HOST', 'unset')}): run "
-            '`engine_env=$(.ci/container-engine.sh start) && eval "$engine_env"`'
-        )
-    if docker("image", "inspect", BASE_IMAGE, check=False).returncode != 0:
-        pytest.skip(f"the base image {BASE_IMAGE} is missing: .ci/container-engine.sh")
 
 
 @pytest.fixture(scope="module")
