@@ -28,13 +28,12 @@ from serving_study.arm_runner import (
     now_iso,
     quota_cores,
     read_server_info,
-    server_identity,
     start_healthy_server,
     termination_as_interrupt,
-    validity_checks,
     write_json,
 )
 from serving_study.run_metrics import failed_run_metrics, summarize_run
+from serving_study.server_checks import server_identity, validity_checks
 from serving_study.server_environment import recorded_environment
 
 log = logging.getLogger(__name__)
