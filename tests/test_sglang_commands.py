@@ -30,7 +30,12 @@ from serving_study.sglang_commands import (
     sglang_server_argv,
     sglang_server_environment,
 )
-from serving_study.sglang_platform import CPU_PLATFORM, GPU_PLATFORM
+from serving_study.sglang_platform import (
+    CPU_PLATFORM,
+    GPU_PLATFORM,
+    PROJECT_ROOT,
+    compile_cache,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_EXPERIMENTS = ("b1", "p4", "p5", "p6b")
@@ -127,7 +132,7 @@ def test_every_arm_spells_out_transport_and_caches(experiment, arm):
 @pytest.mark.parametrize("experiment, arm", every_arm())
 def test_every_arm_turns_the_environment_only_caches_off(experiment, arm):
     settings = experiment_config(experiment)["sglang"]
-    environment = sglang_server_environment(arm, settings, GPU_PLATFORM)
+    environment = sglang_server_environment(arm, settings, GPU_PLATFORM, False)
 
     assert environment["SGLANG_VLM_CACHE_SIZE_MB"] == "0"
     assert environment["SGLANG_MM_FEATURE_CACHE_MB"] == "1024"
@@ -219,9 +224,9 @@ def test_a_hugging_face_cache_snapshot_is_mounted_with_its_blobs():
         quota_during_startup=False,
         platform=GPU_PLATFORM,
     )
-    assert flag_values(launch["container_argv"], "--volume") == [
+    assert flag_values(launch["container_argv"], "--volume")[0] == (
         f"{cache}:{MODEL_PATH}:ro"
-    ]
+    )
     assert flag_values(launch["server_argv"], "--model-path") == [
         f"{MODEL_PATH}/snapshots/{'a' * 40}"
     ]
@@ -308,9 +313,10 @@ def test_the_rule_writes_every_arm_with_its_container(written_commands):
             assert commands["quota_cores"] == 13.6
             assert commands["quota_from"] == "healthy"
             assert "--cpus" not in container
-            mount = flag_values(container, "--volume")
+            model_mount, compile_cache_mount = flag_values(container, "--volume")
             host_path = commands["model"]["host_path"]
-            assert mount == [f"{host_path}:{model_path}:ro"]
+            assert model_mount == f"{host_path}:{model_path}:ro"
+            assert compile_cache_mount.endswith(":rw")
             assert host_path.endswith(
                 "resources/models/Qwen--Qwen3-VL-4B-Instruct/snapshot"
             )
@@ -471,11 +477,13 @@ def test_a_cpu_host_gets_the_cpu_engine_flags_and_dummy_weights_only_there():
     for flag in ("--mm-feature-transport", "--model-path", "--served-model-name"):
         assert flag_values(on_cpu, flag) == flag_values(on_gpu, flag)
     assert (
-        sglang_server_environment(arm, settings, CPU_PLATFORM)["SGLANG_USE_CPU_ENGINE"]
+        sglang_server_environment(arm, settings, CPU_PLATFORM, False)[
+            "SGLANG_USE_CPU_ENGINE"
+        ]
         == "1"
     )
     assert "SGLANG_USE_CPU_ENGINE" not in sglang_server_environment(
-        arm, settings, GPU_PLATFORM
+        arm, settings, GPU_PLATFORM, False
     )
 
 
@@ -495,6 +503,38 @@ def test_a_cpu_container_gets_no_gpus_and_the_cpu_image():
     assert "localhost/serving-study-sglang-cpu:original" in launch["container_argv"]
     assert launch["device"] == "cpu"
     assert launch["model"]["flags"] == ["--load-format", "dummy", "--dtype", "float32"]
+
+
+@pytest.mark.parametrize("platform", [CPU_PLATFORM, GPU_PLATFORM])
+def test_every_server_shares_one_compile_cache_per_kind(platform):
+    """Each arm's server is told the same inductor cache: a directory of this
+    project on the host, mounted writable at one path inside every container."""
+    config = experiment_config("b1")
+    launches = {
+        (runtime, arm["name"]): arm_launch_commands(
+            experiment="b1",
+            arm=arm,
+            sglang_settings=config["sglang"],
+            runtime=runtime,
+            model_host_path="/data/tiny",
+            quota_during_startup=True,
+            platform=platform,
+        )
+        for runtime in ("local", "docker")
+        for arm in config["arms"]
+    }
+    local_cache, _ = compile_cache(platform, in_container=False)
+    container_cache, inside = compile_cache(platform, in_container=True)
+    assert local_cache != container_cache
+    assert local_cache.parent == PROJECT_ROOT / "resources" / "compile-cache"
+    for (runtime, _), launch in launches.items():
+        told = launch["environment"]["TORCHINDUCTOR_CACHE_DIR"]
+        if runtime == "local":
+            assert told == str(local_cache)
+        else:
+            assert told == inside
+            volumes = flag_values(launch["container_argv"], "--volume")
+            assert f"{container_cache}:{inside}:rw" in volumes
 
 
 @pytest.mark.parametrize("flag", ["--device", "--load-format=dummy"])

@@ -55,6 +55,7 @@ from serving_study.sglang_commands import (
 from serving_study.sglang_platform import (
     PROJECT_ROOT,
     SGLangPlatform,
+    compile_cache,
     platform_for,
     python_path,
 )
@@ -135,6 +136,14 @@ def sglang_platform(engine: dict) -> SGLangPlatform:
     return platform_for(engine["sglang_device"])
 
 
+def shared_compile_cache(engine: dict) -> tuple[str, str]:
+    """torch inductor's cache that every arm's server shares, created if new:
+    (host directory, path inside the server)."""
+    directory, seen_as = compile_cache(sglang_platform(engine), in_container(engine))
+    directory.mkdir(parents=True, exist_ok=True)
+    return str(directory), seen_as
+
+
 def sglang_python(engine: dict) -> str:
     """The interpreter that runs SGLang: the image's, the runtime the workflow
     built (CPU hosts), or this host's own."""
@@ -162,7 +171,9 @@ def arm_environment(
     if engine["engine"] != "sglang":
         return dict(arm.get("environment", {}))
     platform = sglang_platform(engine)
-    environment = sglang_server_environment(arm, engine["sglang"], platform)
+    environment = sglang_server_environment(
+        arm, engine["sglang"], platform, in_container(engine)
+    )
     if variant is not None:
         # The load probe reports these too: a patch the server never loads shows.
         environment[REPORT_MODULES_VARIABLE] = ",".join(
@@ -195,6 +206,8 @@ def new_server(
     A container gets the arm's environment and nothing of the host's.
     """
     if not in_container(engine):
+        if engine["engine"] == "sglang":
+            shared_compile_cache(engine)
         return LocalServer(
             argv,
             server_environment(os.environ, arm_environment(engine, arm, variant)),
@@ -205,12 +218,13 @@ def new_server(
             quota_scope=arm.get("quota_scope", "server"),
             terminate_leader_only=engine["engine"] == "sglang",
         )
-    mounts = []
+    mounts, writable_mounts = [], []
     if engine["engine"] == "sglang":
         source, mounted_at, _ = model_mount(
             engine["sglang"]["model"], engine["model_host_path"]
         )
         mounts.append((source, mounted_at))
+        writable_mounts.append(shared_compile_cache(engine))
     return ContainerServer(
         argv,
         arm_environment(engine, arm),
@@ -221,6 +235,7 @@ def new_server(
         image=read_image_id(engine["image_id_file"]),
         runtime=engine["runtime"],
         read_only_mounts=mounts,
+        writable_mounts=writable_mounts,
         **container_options(
             engine["container"],
             sglang_platform(engine) if engine["engine"] == "sglang" else None,

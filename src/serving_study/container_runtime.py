@@ -141,6 +141,7 @@ def run_command(
     ipc_host: bool = False,
     gpus: str | None = None,
     read_only_mounts: Sequence[tuple[str, str]] = (),
+    writable_mounts: Sequence[tuple[str, str]] = (),
 ) -> list[str]:
     """``docker run --detach`` (or ``podman run``) of ``command`` in ``image``.
 
@@ -170,6 +171,8 @@ def run_command(
     argv += gpu_options(runtime, gpus)
     for host_path, container_path in read_only_mounts:
         argv += ["--volume", f"{host_path}:{container_path}:ro"]
+    for host_path, container_path in writable_mounts:
+        argv += ["--volume", f"{host_path}:{container_path}:rw"]
     for variable, value in sorted(environment.items()):
         argv += ["--env", f"{variable}={value}"]
     return argv + [image, *command]
@@ -242,6 +245,7 @@ class ContainerServer:
         ipc_host: bool = False,
         gpus: str | None = None,
         read_only_mounts: Sequence[tuple[str, str]] = (),
+        writable_mounts: Sequence[tuple[str, str]] = (),
     ):
         self.argv = argv
         self.environment = dict(environment)
@@ -265,6 +269,7 @@ class ContainerServer:
             ipc_host=ipc_host,
             gpus=gpus,
             read_only_mounts=list(read_only_mounts),
+            writable_mounts=list(writable_mounts),
         )
         self.container_id: str | None = None
         self.group: CpuGroup | None = None

@@ -15,7 +15,11 @@ from pathlib import PurePosixPath
 
 from serving_study.container_runtime import container_name, run_command
 from serving_study.images import image_tag
-from serving_study.sglang_platform import SGLangPlatform
+from serving_study.sglang_platform import (
+    COMPILE_CACHE_VARIABLE,
+    SGLangPlatform,
+    compile_cache,
+)
 
 SERVER_MODULE = "sglang.launch_server"
 CONTAINER_MODELS_DIRECTORY = PurePosixPath("/models")
@@ -143,15 +147,16 @@ def model_flags(load_format: str | None, dtype: str | None) -> tuple[str, ...]:
 
 
 def sglang_server_environment(
-    arm: dict, sglang_settings: dict, platform: SGLangPlatform
+    arm: dict, sglang_settings: dict, platform: SGLangPlatform, in_container: bool
 ) -> dict[str, str]:
     """The environment variables the server gets from config: the caches that are
-    environment-only in SGLang, offline Hub access, what the platform needs, then
-    the arm's own ``environment`` (which wins)."""
+    environment-only in SGLang, offline Hub access, the shared compile cache, what
+    the platform needs, then the arm's own ``environment`` (which wins)."""
     environment = {
         "SGLANG_VLM_CACHE_SIZE_MB": str(sglang_settings["vlm_cache_size_mb"]),
         "SGLANG_MM_FEATURE_CACHE_MB": str(sglang_settings["mm_feature_cache_mb"]),
         "HF_HUB_OFFLINE": "1",
+        COMPILE_CACHE_VARIABLE: compile_cache(platform, in_container)[1],
         **platform.environment,
     }
     environment.update(arm.get("environment", {}))
@@ -195,7 +200,9 @@ def arm_launch_commands(
     server_argv = sglang_server_argv(
         arm, sglang_settings, model_path, port, platform, model_flags=flags_of_model
     )
-    environment = sglang_server_environment(arm, sglang_settings, platform)
+    environment = sglang_server_environment(
+        arm, sglang_settings, platform, in_container
+    )
     quota_cores = None if arm["cpu_quota"] == "none" else float(arm["cpu_quota"])
     container_argv = None
     if in_container:
@@ -211,6 +218,7 @@ def arm_launch_commands(
             ipc_host=True,
             gpus="all" if platform.container_gpus else None,
             read_only_mounts=[(mount_source, mounted_at)],
+            writable_mounts=[compile_cache(platform, in_container=True)],
         )
     return {
         "experiment": experiment,

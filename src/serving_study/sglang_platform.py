@@ -17,6 +17,11 @@ decided here and nowhere else:
   (``envs/Dockerfile.sglang-cpu``);
 - container GPUs: ``--gpus`` on a GPU host, none on CPU.
 
+Every SGLang server, on either platform, keeps torch inductor's compile cache in one
+directory under ``resources/compile-cache/`` that all arms share (mounted into
+containers), so that only the first server of a host or image pays the compile of
+the kernels SGLang generates (on CPU, the rotary embedding's: ~15 s on 2 cores).
+
 Without ``--sleep-on-idle`` SGLang's scheduler busy-polls a whole core between
 requests, which on a CPU host would be counted against the quota under study.
 """
@@ -64,6 +69,9 @@ CPU_HOST_DIFFERENCES = (
 LOAD_PROBE_DIRECTORY = "envs/server-probe"
 KERNEL_STAND_IN_DIRECTORY = "envs/sglang-cpu/stand-in"
 CPU_RUNTIME_LOCK = "envs/sglang-cpu/requirements.lock"
+COMPILE_CACHE_ROOT = "resources/compile-cache"
+COMPILE_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
+CONTAINER_COMPILE_CACHE = "/var/cache/serving-study/torchinductor"
 
 
 @dataclass(frozen=True)
@@ -148,3 +156,16 @@ def python_path(
         str(project_root / name) for name in platform.python_path_directories
     ]
     return os.pathsep.join([variant_python_root, *directories])
+
+
+def compile_cache(
+    platform: SGLangPlatform, in_container: bool, project_root: Path = PROJECT_ROOT
+) -> tuple[Path, str]:
+    """torch inductor's cache for every server of one kind: the host directory
+    (the runner creates it) and the path the server is told, which is that
+    directory on this host and its mount point inside a container. Host and images
+    keep separate caches: a kernel is built against the Python and compiler
+    beside it."""
+    where = "container" if in_container else "local"
+    directory = project_root / COMPILE_CACHE_ROOT / f"{where}-{platform.device}"
+    return directory, CONTAINER_COMPILE_CACHE if in_container else str(directory)
