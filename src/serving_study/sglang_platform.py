@@ -51,7 +51,8 @@ CPU_ENVIRONMENT = {"SGLANG_USE_CPU_ENGINE": "1"}
 # What a run on a CPU host does not share with a GPU host, for the report.
 CPU_HOST_DIFFERENCES = (
     "The model is a seeded tiny Qwen3-VL with random weights, not the real one; "
-    "its image shapes are the real model's (256 image tokens per 512x512 image).",
+    "its image shapes are the real model's (a 256x256 image gives 64 image tokens, "
+    "a 512x512 one 256).",
     "The scheduler's forward pass runs on the CPU. With the whole server under the "
     "quota (quota_scope server) it takes most of the quota, which a GPU host's "
     "scheduler does not; arms with quota_scope main_process keep it out of the "
