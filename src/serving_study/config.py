@@ -16,6 +16,9 @@ import jsonschema
 import yaml
 from packaging.version import InvalidVersion, Version
 
+from serving_study.config_secrets import secret_problems
+from serving_study.sglang_commands import server_argument_conflicts
+
 
 class ConfigError(ValueError):
     """The config is wrong; the message names the file, the key and the fix."""
@@ -70,6 +73,22 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
         )
     if error.validator == "required":
         return f"{where}: {error.message}"
+    if error.validator == "anyOf" and list(error.schema_path)[-2:-1] == [
+        "propertyNames"
+    ]:
+        known = next(
+            (choice["enum"] for choice in error.schema["anyOf"] if "enum" in choice),
+            [],
+        )
+        return (
+            f"{where}.{error.instance}: not a thread variable this study knows; "
+            f"use one of {', '.join(known)}"
+        )
+    if error.validator in ("pattern", "enum") and "description" in error.schema:
+        return (
+            f"{where}: {error.instance!r} is not allowed; give "
+            f"{error.schema['description'].strip()}"
+        )
     if (
         error.validator == "oneOf"
         and error.absolute_path
@@ -163,6 +182,12 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
                 "'local' (it moves SGLang's scheduler out of the quota's cgroup); "
                 "use quota_scope: server"
             )
+        for name in arm.get("secret_environment", []):
+            if name in arm.get("environment", {}):
+                problems.append(
+                    f"{where}.secret_environment: {name} is also set in "
+                    f"{where}.environment; give it in one place"
+                )
         if config.get("engine") != "embedded" and "intra_op_threads" in arm:
             problems.append(
                 f"{where}.intra_op_threads: only the embedded engine can force its "
@@ -196,6 +221,19 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
     problems += release_series_problems(config)
     problems += bisect_problems(config, arm_names)
     problems += thread_quota_map_problems(config, variant_names, workload_names)
+    problems += server_argument_problems(config)
+    return problems
+
+
+def server_argument_problems(config: dict) -> list[str]:
+    """Extra SGLang arguments that would set a flag a config key sets, in any
+    spelling SGLang's parser takes (``--hos=0.0.0.0`` sets --host)."""
+    extra = config.get("sglang", {}).get("extra_server_args", [])
+    problems = server_argument_conflicts(extra, "sglang.extra_server_args")
+    for index, arm in enumerate(config.get("arms", [])):
+        problems += server_argument_conflicts(
+            arm.get("server_args", []), f"arms[{index}].server_args"
+        )
     return problems
 
 
@@ -279,7 +317,11 @@ def check_config(
     ``config_files`` are the files the config was merged from, named in the message.
     """
     source = " + ".join(str(path) for path in config_files) or "the config"
-    problems = schema_problems(config, load_schema(schema_path))
+    # Before the schema, whose messages may quote a value: a config that holds a
+    # secret gets only the lines that name where (config_secrets.py).
+    problems = secret_problems(config)
+    if not problems:
+        problems = schema_problems(config, load_schema(schema_path))
     if not problems:
         problems = reference_problems(config, project_root)
     if problems:
