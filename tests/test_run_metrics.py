@@ -72,6 +72,10 @@ def test_valid_run_has_the_hand_computed_figures():
     assert metrics["cores_used"] == pytest.approx(1.9)
     assert metrics["throttled_share"] == pytest.approx(0.8)
     assert metrics["torch_threads"] == 2
+    # 4 requests in 2 s with the main process at 1.5 cores: 750 ms each.
+    assert metrics["main_cpu_ms_per_request"] == pytest.approx(750.0)
+    assert metrics["scheduler_cpu_ms_per_request"] == pytest.approx(400.0)
+    assert metrics["cgroup_cpu_ms_per_request"] == pytest.approx(950.0)
     assert metrics["gpu_util_percent"] is None
     assert metrics["window_start_epoch"] == 1767261600
     assert set(METRICS) <= set(metrics)
@@ -249,6 +253,7 @@ def test_missing_monitor_summary_is_a_reason_and_leaves_figures_null(tmp_path):
         f"monitor summary {directory / 'monitors.json'} is missing"
     ]
     assert metrics["main_cpu_percent"] is None
+    assert metrics["main_cpu_ms_per_request"] is None
     assert metrics["throughput_rps"] == pytest.approx(2.0)
 
 

@@ -34,19 +34,12 @@ def arm_run_figures(run_directories: list[Path]) -> dict:
         provenance = json.loads((directory / "provenance.json").read_text())
         if not metrics.get("valid"):
             continue
-        throughput = metrics["throughput_rps"]
         rows.append(
             {
                 "start_to_healthy_s": provenance.get("start_to_healthy_s"),
                 "arm_overhead_s": provenance["wall_s"] - metrics["measured_seconds"],
-                "main_cpu_ms_per_request": 10
-                * metrics["main_cpu_percent"]
-                / throughput,
-                "scheduler_cpu_ms_per_request": (
-                    10 * metrics["scheduler_cpu_percent"] / throughput
-                    if metrics.get("scheduler_cpu_percent") is not None
-                    else None
-                ),
+                "main_cpu_ms_per_request": metrics["main_cpu_ms_per_request"],
+                "scheduler_cpu_ms_per_request": metrics["scheduler_cpu_ms_per_request"],
             }
         )
     figures = {"valid_runs": len(rows)}

@@ -42,6 +42,9 @@ METRICS: dict[str, Metric] = {
     "main_cpu_percent": Metric("main-process CPU", "%"),
     "scheduler_cpu_percent": Metric("scheduler CPU", "%"),
     "cores_used": Metric("cgroup cores used", "cores"),
+    "main_cpu_ms_per_request": Metric("main-process CPU per request", "ms"),
+    "scheduler_cpu_ms_per_request": Metric("scheduler CPU per request", "ms"),
+    "cgroup_cpu_ms_per_request": Metric("quota cgroup CPU per request", "ms"),
     "throttled_share": Metric("throttled periods", "share"),
     "throttled_seconds": Metric("throttled time", "s"),
     "main_threads_median": Metric("main-process threads (median)", "threads"),
@@ -90,6 +93,7 @@ def summarize_run(
     metrics = _identity(arm, run)
     metrics.update(request_figures(records))
     metrics.update(monitor_figures(monitors))
+    metrics.update(cpu_per_request(metrics))
     metrics["torch_threads"] = checks.get("torch_threads_seen")
 
     reasons = invalid_reasons(records, monitors, arm, checks)
@@ -211,6 +215,29 @@ def monitor_figures(monitors: dict | None) -> dict:
         "gpu_memory_used_mib": gpu.get("memory_used_mib"),
         "window_start_epoch": window.get("start_epoch"),
         "window_end_epoch": window.get("end_epoch"),
+    }
+
+
+def cpu_per_request(metrics: dict) -> dict:
+    """What a request costs in CPU: the main process, the scheduler and the quota's
+    cgroup, in milliseconds of one core per completed request of the window (the
+    monitors' CPU share divided by the throughput over the same window)."""
+    throughput = metrics.get("throughput_rps")
+
+    def per_request(cores: float | None) -> float | None:
+        if cores is None or not throughput:
+            return None
+        return 1000 * cores / throughput
+
+    def cores(percent: float | None) -> float | None:
+        return None if percent is None else percent / 100
+
+    return {
+        "main_cpu_ms_per_request": per_request(cores(metrics.get("main_cpu_percent"))),
+        "scheduler_cpu_ms_per_request": per_request(
+            cores(metrics.get("scheduler_cpu_percent"))
+        ),
+        "cgroup_cpu_ms_per_request": per_request(metrics.get("cores_used")),
     }
 
 
