@@ -84,7 +84,11 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
             f"{where}.{error.instance}: not a thread variable this study knows; "
             f"use one of {', '.join(known)}"
         )
-    if error.validator in ("pattern", "enum") and "description" in error.schema:
+    if (
+        error.validator in ("pattern", "enum")
+        and list(error.absolute_path)[-2:-1] == ["environment"]
+        and "description" in error.schema
+    ):
         return (
             f"{where}: {error.instance!r} is not allowed; give "
             f"{error.schema['description'].strip()}"
