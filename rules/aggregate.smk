@@ -10,6 +10,10 @@ RELEASE_TABLE_OUTPUT = (
     if config["release_series"]
     else {}
 )
+# A fixes section (config: fixes) adds the "which fix" table.
+FIXES_TABLE_OUTPUT = (
+    {"fixes": "results/{experiment}/tables/fixes.csv"} if config.get("fixes") else {}
+)
 RELEASE_REPORT_ITEMS = (
     {
         "release_figure": report(
@@ -53,12 +57,34 @@ MAP_REPORT_ITEMS = (
     else {}
 )
 
+FIXES_REPORT_ITEMS = (
+    {
+        "fixes_figure": report(
+            "results/{experiment}/figures/which_fix.html",
+            caption="../report/which_fix.rst",
+            category="{experiment}",
+            subcategory="Figures",
+            labels={"item": "which fix: throughput under the quota"},
+        ),
+        "fixes_table": report(
+            "results/{experiment}/figures/table_fixes.html",
+            caption="../report/table_fixes.rst",
+            category="{experiment}",
+            subcategory="Tables",
+            labels={"item": "which fix: throughput and CPU cost of each"},
+        ),
+    }
+    if config.get("fixes")
+    else {}
+)
+
 
 rule aggregate:
     input:
         metrics=run_metrics_files(),
     output:
         **RELEASE_TABLE_OUTPUT,
+        **FIXES_TABLE_OUTPUT,
         runs="results/{experiment}/tables/runs.csv",
         arms="results/{experiment}/tables/arms.csv",
         ratios="results/{experiment}/tables/ratios.csv",
@@ -84,6 +110,7 @@ rule report_html:
     output:
         **RELEASE_REPORT_ITEMS,
         **MAP_REPORT_ITEMS,
+        **FIXES_REPORT_ITEMS,
         html=report(
             "results/{experiment}/report.html",
             caption="../report/report_page.rst",

@@ -14,6 +14,9 @@ Five tables come out, each written as CSV:
   cannot tell when an arm has too few valid runs.
 - `releases` (only when the config sets `release_series`): each release
   against the one before it, and the first that changed (release_change.py).
+- `fixes` (only when the config sets `fixes`): each fix beside the trap, with
+  its throughput under the quota and its CPU cost without one
+  (fix_comparison.py).
 
 Invalid runs never enter a median. With three runs a bootstrap interval can
 only take the three observed values, so below five runs none is given and
@@ -28,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from serving_study.fix_comparison import FIXES_TABLE, fixes_table
 from serving_study.release_change import (
     ChangeCriterion,
     release_labels,
@@ -85,6 +89,8 @@ def tables_from_metrics(records: list[dict], config: dict) -> dict[str, pd.DataF
         "invalid_runs": invalid_runs_table(runs),
         "claims": claims_table(runs, arms, config),
     }
+    if config.get("fixes"):
+        tables[FIXES_TABLE] = fixes_table(arms, tables["claims"], config["fixes"])
     if config.get("release_series"):
         tables[RELEASE_TABLE] = releases_table(
             arms,
@@ -100,7 +106,7 @@ def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path) -> list[Path]:
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
-    for name in (*TABLE_NAMES, RELEASE_TABLE):
+    for name in (*TABLE_NAMES, RELEASE_TABLE, FIXES_TABLE):
         if name not in tables:
             continue
         path = out_dir / f"{name}.csv"
@@ -123,6 +129,9 @@ def read_tables(in_dir: Path) -> dict[str, pd.DataFrame]:
         # Release names stay text: "1.10" is not the number 1.1.
         names = {"release": str, "compared_with": str, "arm": str}
         tables[RELEASE_TABLE] = pd.read_csv(releases, dtype=names)
+    fixes = Path(in_dir) / f"{FIXES_TABLE}.csv"
+    if fixes.is_file():
+        tables[FIXES_TABLE] = pd.read_csv(fixes, keep_default_na=False, na_values=[""])
     cells = Path(in_dir) / f"{MAP_TABLE}.csv"
     if cells.is_file():
         # Quotas stay text: "none" sits beside numbers of cores.

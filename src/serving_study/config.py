@@ -202,6 +202,7 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
         problems += _must_name(
             reference["arm"], arm_names, f"reference.arms[{index}].arm", "arm"
         )
+    problems += fixes_problems(config.get("fixes"), config.get("arms", []))
     problems += _duplicates(config.get("claims", []), "claims")
     for index, claim in enumerate(config.get("claims", [])):
         where = f"claims[{index}]"
@@ -238,6 +239,38 @@ def server_argument_problems(config: dict) -> list[str]:
         problems += server_argument_conflicts(
             arm.get("server_args", []), f"arms[{index}].server_args"
         )
+    return problems
+
+
+def fixes_problems(fixes: dict | None, arms: list[dict]) -> list[str]:
+    """The "which fix" section compares like with like: every arm it names exists,
+    each fix runs under the baseline's quota, and each without_quota arm has none."""
+    if not fixes:
+        return []
+    quota_of = {arm["name"]: arm.get("cpu_quota") for arm in arms}
+    baseline_quota = quota_of.get(fixes["baseline"]["arm"])
+    problems = []
+    entries = [("fixes.baseline", fixes["baseline"])] + [
+        (f"fixes.fixes[{index}]", fix) for index, fix in enumerate(fixes["fixes"])
+    ]
+    for where, entry in entries:
+        for key in ("arm", "without_quota"):
+            if key not in entry:
+                continue
+            named = entry[key]
+            if named not in quota_of:
+                problems += _must_name(named, quota_of, f"{where}.{key}", "arm")
+            elif key == "without_quota" and quota_of[named] != "none":
+                problems.append(
+                    f"{where}.without_quota: arm {named!r} runs under a quota "
+                    f"({quota_of[named]}); give it cpu_quota: none"
+                )
+            elif key == "arm" and quota_of[named] != baseline_quota:
+                problems.append(
+                    f"{where}.arm: arm {named!r} runs under quota "
+                    f"{quota_of[named]}, the baseline under {baseline_quota}; "
+                    "a fix is compared under the same quota"
+                )
     return problems
 
 

@@ -37,6 +37,7 @@ from serving_study.aggregate import (
     format_number,
     is_number,
 )
+from serving_study.fix_comparison import FIXES_TABLE
 from serving_study.release_change import (
     ChangeCriterion,
     describe_first_change,
@@ -69,6 +70,11 @@ FIGURE_CAPTIONS = {
         "Per arm: the reproduction's median over valid runs (blue bar) with its "
         "[min, max] (black rule) and each valid run (black dots), beside the "
         "study's reference value (gold bar) where the study reported one."
+    ),
+    "which_fix": (
+        "Median throughput over valid runs under the quota: the trap (the "
+        "original copy with default intra-op threads) and each fix, labelled with "
+        "its ratio to the trap. What each fix costs is in the table beside it."
     ),
     "thread_quota_map": (
         "Throughput of one measured window per cell: intra-op threads of the main "
@@ -119,11 +125,15 @@ TABLE_TITLES = {
     "runs": "Every run",
     "releases": "Releases: each against the release before",
     MAP_TABLE: "Thread x quota map: every cell",
+    FIXES_TABLE: "Which fix: throughput, latency and CPU cost of each",
 }
 
+# Only the export action: "source" and "compiled" write the spec's text (strings
+# from config and logs) into a new window as HTML, "editor" posts it to the
+# Vega Editor's site.
 EMBED_OPTIONS = {
     "renderer": "svg",
-    "actions": {"export": True, "source": True, "compiled": False, "editor": False},
+    "actions": {"export": True, "source": False, "compiled": False, "editor": False},
 }
 
 STYLE = """
@@ -164,6 +174,8 @@ def build_report(
         shown.insert(0, "release_series")
     if "thread_quota_map" in specs:
         shown.append("thread_quota_map")
+    if "which_fix" in specs:
+        shown.append("which_fix")
     out_html = Path(out_html)
     out_html.parent.mkdir(parents=True, exist_ok=True)
     out_html.write_text(
@@ -515,7 +527,44 @@ def table_sections(tables: dict[str, pd.DataFrame], config: dict) -> dict[str, s
         sections = {"releases": releases_html(tables, config), **sections}
     if MAP_TABLE in tables:
         sections[MAP_TABLE] = map_cells_html(tables[MAP_TABLE])
+    if FIXES_TABLE in tables:
+        sections = {FIXES_TABLE: fixes_html(tables[FIXES_TABLE]), **sections}
     return sections
+
+
+def fixes_html(fixes: pd.DataFrame) -> str:
+    """The "which fix" table: each fix under the quota, and its CPU cost where
+    nothing throttles (fix_comparison.py)."""
+    header = [
+        "fix",
+        "arm",
+        "req/s under quota",
+        "vs trap",
+        "TTFT p50 (ms)",
+        "main CPU/request under quota (ms)",
+        "arm without quota",
+        "main CPU/request without quota (ms)",
+        "verdicts",
+    ]
+    rows = [
+        [
+            row.fix,
+            row.arm,
+            format_number(row.throughput_rps),
+            ratio_text(row.throughput_vs_trap),
+            format_number(row.ttft_p50_ms),
+            format_number(row.main_cpu_ms_per_request),
+            row.without_quota_arm if isinstance(row.without_quota_arm, str) else "",
+            (
+                format_number(row.main_cpu_ms_per_request_without_quota)
+                if is_number(row.main_cpu_ms_per_request_without_quota)
+                else "not measured"
+            ),
+            row.verdicts if isinstance(row.verdicts, str) else "",
+        ]
+        for row in fixes.itertuples()
+    ]
+    return html_table(header, rows, numeric_from=2)
 
 
 def map_cells_html(cells: pd.DataFrame) -> str:

@@ -26,6 +26,7 @@ import altair as alt
 import pandas as pd
 
 from serving_study.aggregate import MAP_TABLE, RELEASE_TABLE, describe_environment
+from serving_study.fix_comparison import FIXES_TABLE, fixes_chart_spec
 from serving_study.release_change import CANNOT_TELL, CHANGED, NO_CHANGE
 from serving_study.run_metrics import METRICS
 
@@ -45,6 +46,7 @@ FIGURE_TITLES = {
     "arm_comparison": "Figure 4: arms side by side, with the study's numbers",
     "release_series": "Releases in order: throughput and main-process CPU",
     "thread_quota_map": "Throughput over intra-op threads and CPU quota",
+    "which_fix": "Which fix: throughput under the quota, by fix",
 }
 
 # How each release compares with the one before it, as the release figure colors it.
@@ -66,6 +68,8 @@ def chart_specs(tables: dict[str, pd.DataFrame], config: dict) -> dict[str, dict
         specs["release_series"] = release_series(tables)
     if MAP_TABLE in tables:
         specs["thread_quota_map"] = thread_quota_map(tables[MAP_TABLE])
+    if FIXES_TABLE in tables:
+        specs["which_fix"] = fixes_chart_spec(tables[FIXES_TABLE])
     return specs
 
 
