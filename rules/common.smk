@@ -223,3 +223,9 @@ def package_files_of_engine():
         return []
     package = PROJECT_ROOT / "src" / "serving_study"
     return sorted(str(path) for path in package.rglob("*.py"))
+
+
+def published_fixes_tables():
+    """The fixes tables of the results pages under docs/results/, which the
+    preflight doctor quotes when it prescribes a fix."""
+    return sorted(str(path) for path in Path("docs/results").glob("*/tables/fixes.csv"))

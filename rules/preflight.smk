@@ -1,11 +1,15 @@
-# Preflight: describe the host (CPUs, quota, intra-op threads, GPU, runtimes, free
-# /dev/shm) and stop early when the experiment needs what the host lacks.
+# Preflight: remove what dead runs left (under the host's measurement lock), describe
+# the host (CPUs, quota, intra-op threads, GPU, runtimes, free /dev/shm) and stop
+# early when the experiment needs what the host lacks.
 # Not a local rule: on a cluster the host that matters is the node the arms run on,
 # whose GPU and visible CPUs a login node does not share, so profiles/slurm gives
 # the preflight the same SLURM request as run_arm.
 
 
 rule preflight:
+    input:
+        # What the project measured of each fix, for the doctor's prescription.
+        fixes_tables=published_fixes_tables(),
     output:
         host="results/{experiment}/host.json",
     log:
@@ -17,5 +21,6 @@ rule preflight:
         arms=config["arms"],
         workloads=config["workloads"],
         monitors=config["monitors"],
+        sharing=config["host_sharing"],
     script:
         "../scripts/preflight.py"

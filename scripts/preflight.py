@@ -1,18 +1,32 @@
-"""Snakemake shim: describe the host, warn of the study's trap, refuse unfit hosts."""
+"""Snakemake shim: remove what dead runs left, describe the host, warn of the
+study's trap, refuse unfit hosts."""
 
 import json
 import logging
 import sys
 from pathlib import Path
 
-from serving_study.host import describe_host, unmet_needs
+from serving_study.host import container_runtimes, describe_host, unmet_needs
+from serving_study.host_sharing import HostSharing, MeasurementLock
+from serving_study.leftovers import reap_leftovers
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
 log = logging.getLogger("preflight")
 
 engine = snakemake.params.engine
-host = describe_host(engine, snakemake.params.arms)
+sharing = HostSharing.from_config(dict(snakemake.params.sharing))
+answering = tuple(
+    name
+    for name, runtime in container_runtimes().items()
+    if runtime["engine_reachable"]
+)
+# Under the lock: no other pipeline's server is up while its leftovers are judged.
+holder = f"preflight of experiment {snakemake.wildcards.experiment}"
+with MeasurementLock.acquire(sharing, holder):
+    reaped = reap_leftovers(answering)
+host = describe_host(engine, snakemake.params.arms, snakemake.input.fixes_tables)
+host["leftovers_reaped"] = reaped.to_dict()
 needs = unmet_needs(host, engine, snakemake.params.arms, snakemake.params.workloads)
 for arm in host["arms"]:
     if arm["warning"]:

@@ -16,6 +16,8 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from serving_study.config_secrets import describe_missing, missing_secrets
+from serving_study.prescription import prescription
 from serving_study.server_environment import server_environment
 
 
@@ -160,9 +162,11 @@ def quota_cores(arm: dict) -> float | None:
     return None if arm["cpu_quota"] == "none" else float(arm["cpu_quota"])
 
 
-def arm_thread_plan(arms: list[dict]) -> list[dict]:
+def arm_thread_plan(arms: list[dict], fixes_tables: list[Path] = ()) -> list[dict]:
     """Per arm: the quota, the intra-op threads its server will start, and a warning
-    when those threads exceed the quota by more than 2x (the study's trap)."""
+    when those threads exceed the quota by more than 2x (the study's trap), with
+    the doctor's prescription (prescription.py; ``fixes_tables`` are the
+    published measurements of the fixes)."""
     threads_by_environment: dict[str, int | None] = {}
     plan = []
     for arm in arms:
@@ -176,13 +180,15 @@ def arm_thread_plan(arms: list[dict]) -> list[dict]:
             warning = (
                 f"arm {arm['name']}: the server starts {threads} intra-op threads "
                 f"under a {quota:g}-core quota ({threads / quota:.1f}x): PyTorch's "
-                "OpenMP pool ignores the quota, as in the study"
+                "OpenMP pool ignores the quota, as in the study.\n"
+                + prescription(threads, quota, list(fixes_tables))
             )
         plan.append(
             {
                 "arm": arm["name"],
                 "quota_cores": quota,
                 "environment": arm.get("environment", {}),
+                "secret_environment": list(arm.get("secret_environment", [])),
                 "intra_op_threads": threads,
                 "warning": warning,
             }
@@ -190,7 +196,9 @@ def arm_thread_plan(arms: list[dict]) -> list[dict]:
     return plan
 
 
-def describe_host(engine: dict, arms: list[dict]) -> dict:
+def describe_host(
+    engine: dict, arms: list[dict], fixes_tables: list[Path] = ()
+) -> dict:
     """Everything the report's header and the run validity checks need."""
     affinity = os.sched_getaffinity(0)
     return {
@@ -207,16 +215,17 @@ def describe_host(engine: dict, arms: list[dict]) -> dict:
         "engine": engine["engine"],
         "runtime": engine["runtime"],
         "versions": package_versions(),
-        "arms": arm_thread_plan(arms),
+        "arms": arm_thread_plan(arms, fixes_tables),
     }
 
 
 def quota_problem() -> str | None:
     """Why no CPU-quota cgroup can be made here, or None when one can."""
     from serving_study.cgroups import CpuQuotaGroup, QuotaUnavailable
+    from serving_study.leftovers import owned_name
 
     try:
-        probe = CpuQuotaGroup.create(f"preflight-{os.getpid()}", 0.5)
+        probe = CpuQuotaGroup.create(owned_name("preflight"), 0.5)
     except QuotaUnavailable as error:
         return str(error)
     probe.remove()
@@ -248,7 +257,7 @@ def unmet_needs(
     host: dict, engine: dict, arms: list[dict], workloads: list[dict] | None = None
 ) -> list[str]:
     """What the experiment needs that this host lacks, one sentence each."""
-    needs = []
+    needs = describe_missing(missing_secrets(arms, os.environ))
     free_mib = host.get("shared_memory_free_mib")
     if workloads and engine["runtime"] == "local" and free_mib is not None:
         needed_mib = shared_memory_needed_mib(arms, workloads)
