@@ -122,6 +122,47 @@ def test_busy_scheduler_and_idle_main_are_told_apart(tmp_path):
     assert figures["threads"]["main_max"] >= 1
 
 
+# A main process whose main thread sleeps while another thread hashes (outside
+# the GIL), as a server's event loop idles while its OpenMP team spins.
+BUSY_WORKER = """
+import hashlib, threading, time
+
+def work():
+    block = bytes(1 << 20)
+    while True:
+        hashlib.sha256(block).digest()
+
+threading.Thread(target=work, daemon=True).start()
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_main_process_cpu_is_split_between_its_main_thread_and_the_rest(
+    tmp_path,
+):
+    script = tmp_path / "busy_worker.py"
+    script.write_text(BUSY_WORKER)
+    process = subprocess.Popen(
+        [sys.executable, str(script)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert process.stdout.readline() == "ready\n"
+        monitors = RunMonitors(process.pid, None, gpu=False)
+        monitors.discover()
+        figures = measure(monitors)
+    finally:
+        process.kill()
+        process.wait(timeout=10)
+        process.stdout.close()
+    threads = figures["threads"]
+    # The worker takes up to a core (less on a busy machine); the sleeper none.
+    assert threads["other_threads_cpu_percent"] > 30
+    assert threads["main_thread_cpu_percent"] < 5
+    split = threads["main_thread_cpu_percent"] + threads["other_threads_cpu_percent"]
+    assert split == pytest.approx(figures["main_cpu_percent"], abs=15)
+
+
 def test_killing_the_scheduler_marks_the_server_as_changed(tmp_path):
     server = FakeServer(tmp_path, busy_scheduler=False)
     try:

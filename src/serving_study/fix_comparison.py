@@ -9,6 +9,9 @@ quota. The table this module builds puts, for each fix:
 - TTFT p50 under the quota;
 - the main process's CPU per request under the quota, which shows a fix that
   slows the main process's own parallel work (its image preprocessing, say);
+- where the main process's CPU goes under the quota: its event-loop thread
+  against its other threads (the intra-op OpenMP team), which is the root cause
+  shown rather than asserted;
 - the main process's CPU per request without a quota, where nothing throttles
   and a spinning thread pool costs the host CPU instead of throughput;
 - the verdicts of the claims the config states about the fix's arms.
@@ -30,6 +33,8 @@ COLUMNS = (
     "throughput_vs_trap",
     "ttft_p50_ms",
     "main_cpu_ms_per_request",
+    "main_thread_cpu_percent",
+    "other_threads_cpu_percent",
     "without_quota_arm",
     "main_cpu_ms_per_request_without_quota",
     "throughput_rps_without_quota",
@@ -54,6 +59,12 @@ def fixes_table(arms: pd.DataFrame, claims: pd.DataFrame, fixes: dict) -> pd.Dat
                 "ttft_p50_ms": _median(arms, arm, "ttft_p50_ms"),
                 "main_cpu_ms_per_request": _median(
                     arms, arm, "main_cpu_ms_per_request"
+                ),
+                "main_thread_cpu_percent": _median(
+                    arms, arm, "main_thread_cpu_percent"
+                ),
+                "other_threads_cpu_percent": _median(
+                    arms, arm, "other_threads_cpu_percent"
                 ),
                 "without_quota_arm": free_arm,
                 "main_cpu_ms_per_request_without_quota": _median(

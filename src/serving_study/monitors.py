@@ -9,7 +9,8 @@ samples cheap counters from a background thread:
 * per thread of the main process, at a lower rate: how many threads ran (from
   /proc/<pid>/task/*/schedstat): the OpenMP workers that woke, plus a few others;
 * the group's `cpu.stat` (cores used, throttled share);
-* GPU utilisation and per-process GPU memory through NVML, when a GPU exists.
+* GPU utilisation and per-process GPU memory through NVML, when a GPU exists;
+* with a ``HostLoadMeter``, the host's other CPU load over the window (host_load.py).
 
 Window figures come from cumulative counters read at the window's start and end, so
 they do not depend on the sampling rate; the samples give a time series and
@@ -28,6 +29,7 @@ from typing import Protocol
 import psutil
 
 from serving_study.cgroups import CpuStat
+from serving_study.host_load import HostLoadMeter
 
 SCHEDULER_TITLE_PREFIX = "sglang::scheduler"
 MAIN_PROCESS_MARKERS = ("sglang.launch_server", "serving_study.engine")
@@ -293,6 +295,7 @@ class RunMonitors:
         thread_sample_hz: float = 1,
         gpu: bool | None = None,
         gpu_index: int = 0,
+        host_load: HostLoadMeter | None = None,
     ) -> None:
         if sample_hz <= 0:
             raise ValueError(f"sample_hz must be positive, got {sample_hz}.")
@@ -300,6 +303,7 @@ class RunMonitors:
         self.group = group
         self.sample_hz = sample_hz
         self.thread_sample_hz = thread_sample_hz
+        self.host_load = host_load
         self._gpu, self._gpu_unavailable_reason = _open_gpu(gpu, gpu_index)
         self._window: _Window | None = None
         self._discovered: (
@@ -331,6 +335,8 @@ class RunMonitors:
         assert self._discovered is not None
         processes, group_pids, main_environment = self._discovered
         start = self._read(processes)
+        if self.host_load is not None:
+            self.host_load.start()
         window = _Window(
             processes=processes,
             start=start,
@@ -357,12 +363,15 @@ class RunMonitors:
         self._end_thread()
         cost_started = time.thread_time()
         end = self._read(window.processes)
+        host_load = self.host_load.stop() if self.host_load is not None else None
         thread_run_time_at_end = self._read_threads(window.processes)
         group_pids_at_end = self.group.pids() if self.group is not None else []
         self._check_same_server(window, end)
         window.sampler_cpu_seconds += time.thread_time() - cost_started
         self._window = None
-        return self._figures(window, end, thread_run_time_at_end, group_pids_at_end)
+        figures = self._figures(window, end, thread_run_time_at_end, group_pids_at_end)
+        figures["host_load"] = host_load
+        return figures
 
     def stop(self) -> None:
         """End the sampling thread and release NVML; safe to call at any time."""
@@ -564,6 +573,12 @@ class RunMonitors:
                     else None
                 ),
                 "main_environment": window.main_environment,
+                **_main_process_split(
+                    window.thread_run_time_at_start,
+                    thread_run_time_at_end,
+                    processes.main.pid,
+                    wall_seconds,
+                ),
             },
             "cgroup": None,
             "gpu": None,
@@ -597,6 +612,28 @@ class RunMonitors:
             "other_compute_pids": sorted(window.gpu_other_pids),
             "errors": window.gpu_errors,
         }
+
+
+def _main_process_split(
+    start: dict[int, int], end: dict[int, int], main_pid: int, seconds: float
+) -> dict:
+    """Where the main process's CPU went over the window, as percents of one core:
+    its main thread (the event loop) and all its other threads (the intra-op
+    OpenMP team and helper threads). A thread born in the window counts from zero;
+    one that ended in it is missing from ``end`` and not counted."""
+    if not end or seconds <= 0:
+        return {"main_thread_cpu_percent": None, "other_threads_cpu_percent": None}
+    used = {
+        thread: run_time - start.get(thread, 0)
+        for thread, run_time in end.items()
+        if run_time >= start.get(thread, 0)
+    }
+    main = used.get(main_pid, 0)
+    others = sum(used.values()) - main
+    return {
+        "main_thread_cpu_percent": 100 * main / 1e9 / seconds,
+        "other_threads_cpu_percent": 100 * others / 1e9 / seconds,
+    }
 
 
 def _percent(before: float | None, after: float | None, seconds: float) -> float | None:

@@ -542,6 +542,8 @@ def fixes_html(fixes: pd.DataFrame) -> str:
         "vs trap",
         "TTFT p50 (ms)",
         "main CPU/request under quota (ms)",
+        "event-loop thread CPU (%)",
+        "other threads' CPU (%)",
         "arm without quota",
         "main CPU/request without quota (ms)",
         "verdicts",
@@ -554,6 +556,8 @@ def fixes_html(fixes: pd.DataFrame) -> str:
             ratio_text(row.throughput_vs_trap),
             format_number(row.ttft_p50_ms),
             format_number(row.main_cpu_ms_per_request),
+            format_number(row.main_thread_cpu_percent),
+            format_number(row.other_threads_cpu_percent),
             row.without_quota_arm if isinstance(row.without_quota_arm, str) else "",
             (
                 format_number(row.main_cpu_ms_per_request_without_quota)

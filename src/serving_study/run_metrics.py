@@ -47,6 +47,10 @@ METRICS: dict[str, Metric] = {
     "cgroup_cpu_ms_per_request": Metric("quota cgroup CPU per request", "ms"),
     "throttled_share": Metric("throttled periods", "share"),
     "throttled_seconds": Metric("throttled time", "s"),
+    "main_thread_cpu_percent": Metric("main process: event-loop thread CPU", "%"),
+    "other_threads_cpu_percent": Metric(
+        "main process: other threads' CPU (OpenMP workers)", "%"
+    ),
     "main_threads_median": Metric("main-process threads (median)", "threads"),
     "main_threads_max": Metric("main-process threads (max)", "threads"),
     "torch_threads": Metric("torch intra-op threads", "threads"),
@@ -209,6 +213,8 @@ def monitor_figures(monitors: dict | None) -> dict:
         "cores_used": cgroup.get("cores_used"),
         "throttled_share": cgroup.get("throttled_share"),
         "throttled_seconds": cgroup.get("throttled_seconds"),
+        "main_thread_cpu_percent": threads.get("main_thread_cpu_percent"),
+        "other_threads_cpu_percent": threads.get("other_threads_cpu_percent"),
         "main_threads_median": threads.get("main_median"),
         "main_threads_max": threads.get("main_max"),
         "gpu_util_percent": gpu.get("util_percent_mean"),
@@ -251,6 +257,7 @@ def invalid_reasons(
         *_quota_reasons(monitors, arm, checks),
         *_environment_reasons(arm, checks),
         *_identity_reasons(checks),
+        *_host_load_reasons(monitors, checks),
     ]
 
 
@@ -407,6 +414,21 @@ def _identity_reasons(checks: dict) -> list[str]:
             "the sgl-kernel stand-in's placeholders ran: " + ", ".join(placeholders)
         )
     return reasons
+
+
+def _host_load_reasons(monitors: dict | None, checks: dict) -> list[str]:
+    """Other work on the host took CPU during the window (host_load.py)."""
+    allowed = checks.get("max_other_load_cores_allowed")
+    load = (monitors or {}).get("host_load")
+    if allowed is None or not load or load["other_cores"] <= allowed:
+        return []
+    return [
+        f"other work on the host used {load['other_cores']:.2f} cores on average "
+        f"during the measured window (the host was {load['host_busy_cores']:.2f} "
+        f"cores busy, the run itself {load['own_cores']:.2f}), above the allowed "
+        f"{allowed:g} (host_sharing.max_other_load_cores): the run did not have "
+        "the host to itself"
+    ]
 
 
 def _quota_cores(quota) -> float | None:
