@@ -29,5 +29,6 @@ rule run_arm:
         engine=arm_engine_settings,
         client=config["client"],
         monitors=config["monitors"],
+        sharing=config["host_sharing"],
     script:
         "../scripts/run_arm.py"

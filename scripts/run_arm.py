@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from serving_study.arm_runner import RunPaths, run_arm
+from serving_study.host_sharing import HostSharing
 from serving_study.sglang_commands import model_flags
 
 sys.stderr = open(snakemake.log[0], "w")
@@ -37,6 +38,7 @@ run_arm(
     engine=engine,
     client=dict(snakemake.params.client),
     monitors=dict(snakemake.params.monitors),
+    sharing=HostSharing.from_config(dict(snakemake.params.sharing)),
     paths=RunPaths(
         metrics=Path(snakemake.output.metrics),
         requests=Path(snakemake.output.requests),

@@ -318,3 +318,21 @@ def test_a_too_small_dev_shm_makes_the_run_invalid(variant, workload, tmp_path):
     metrics = json.loads(finished.stdout.strip().splitlines()[-1])
     assert metrics["valid"] is False
     assert any("/dev/shm was full" in reason for reason in metrics["invalid_reasons"])
+
+
+def test_an_unexpected_error_fails_only_that_run_and_tears_down(
+    variant, workload, tmp_path, monkeypatch
+):
+    """A bug or a surprise after the window (here in the server checks) is
+    recorded as this run's failure with its reason: the study goes on."""
+
+    def surprise(*arguments):
+        raise KeyError("transport")
+
+    monkeypatch.setattr("serving_study.arm_runner.server_identity", surprise)
+    metrics = run(variant, workload, tmp_path, arm=ARM | {"requests": 8})
+    assert metrics["valid"] is False
+    assert metrics["invalid_reasons"] == ["unexpected KeyError: 'transport'"]
+    provenance = json.loads((tmp_path / "provenance.json").read_text())
+    assert "in surprise" in provenance["traceback"]
+    assert_nothing_left(tmp_path)

@@ -135,6 +135,21 @@ def test_an_unknown_revision_is_refused(repository):
         first_parent_commits(str(directory), "v9.9", shas[-1])
 
 
+def test_a_repository_that_looks_like_an_option_is_only_a_repository(tmp_path):
+    marker = tmp_path / "upload-pack-ran"
+    repository = f"--upload-pack=touch {marker}"
+    # Read as an option, git would clone the temporary directory instead.
+    with pytest.raises(BisectError, match=f"repository '{repository}' does not exist"):
+        first_parent_commits(repository, "v1", "v2")
+    assert not marker.exists()
+
+
+def test_a_revision_that_looks_like_an_option_is_refused(repository):
+    directory, shas = repository
+    with pytest.raises(BisectError, match="bisect.good: '--all' starts with '-'"):
+        first_parent_commits(str(directory), "--all", shas[-1])
+
+
 # --- the search, with made-up measurements -------------------------------------------
 
 FAST = Spread(20.0, 19.5, 20.5, 3)

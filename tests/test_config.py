@@ -1,6 +1,7 @@
 """Wrong configs fail before any job runs, with one line naming the file and the key."""
 
 import copy
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -164,6 +165,118 @@ BAD_CONFIGS = {
         lambda c: set_key(c, ["arms", 0, "server_args"], ["--foo"]),
         "arms[0].server_args: only engine 'sglang' takes server arguments",
     ),
+    # Hostile values: a trailing newline ($ matches before one in Python's re), a
+    # value git, pip, docker or SGLang would read as an option, a path that leaves
+    # its place, a flag the config sets in a spelling SGLang abbreviates.
+    "experiment name with a trailing newline": (
+        lambda c: set_key(c, ["experiment"], "embedded-b1\n"),
+        "experiment: 'embedded-b1\\n' does not match",
+    ),
+    "arm name with a trailing newline": (
+        lambda c: set_key(c, ["arms", 0, "name"], "A\n"),
+        "arms[0].name: 'A\\n' does not match",
+    ),
+    "environment variable with a trailing newline": (
+        lambda c: set_key(c, ["arms", 1, "environment"], {"OMP_NUM_THREADS\n": "1"}),
+        "arms[1].environment: 'OMP_NUM_THREADS\\n' does not match",
+    ),
+    "PyPI package that is a pip option": (
+        lambda c: set_key(c, ["sources", 0, "pypi", "package"], "--index-url=http://x"),
+        "sources[0].pypi.package: '--index-url=http://x' does not match",
+    ),
+    "PyPI version with a trailing newline": (
+        lambda c: set_key(c, ["sources", 0, "pypi", "version"], "0.5.23\n"),
+        "sources[0].pypi.version: '0.5.23\\n' does not match",
+    ),
+    "git URL that is a git option": (
+        lambda c: set_key(
+            c,
+            ["sources", 0],
+            {"name": "up", "git": {"url": "--upload-pack=touch /x", "commit": "a" * 7}},
+        ),
+        "sources[0].git.url: '--upload-pack=touch /x' does not match",
+    ),
+    "git commit with a trailing newline": (
+        lambda c: set_key(
+            c,
+            ["sources", 0],
+            {"name": "up", "git": {"url": "x", "commit": "a" * 7 + "\n"}},
+        ),
+        "sources[0].git.commit: 'aaaaaaa\\n' does not match",
+    ),
+    "local source path that is an option": (
+        lambda c: set_key(c, ["sources", 0], {"name": "up", "path": "-r/etc/passwd"}),
+        "sources[0].path: '-r/etc/passwd' does not match",
+    ),
+    "patch with a trailing newline": (
+        lambda c: set_key(c, ["variants", 1, "patch"], "envs/patches/x.patch\n"),
+        "variants[1].patch: 'envs/patches/x.patch\\n' does not match",
+    ),
+    "model id that leaves resources/models": (
+        lambda c: set_key(c, ["sglang"], {"model": "../../etc"}),
+        "sglang.model: '../../etc' does not match",
+    ),
+    "model revision with a trailing newline": (
+        lambda c: set_key(c, ["sglang"], {"model_revision": "a" * 40 + "\n"}),
+        f"sglang.model_revision: '{'a' * 40}\\n' does not match",
+    ),
+    "model path that is an option": (
+        lambda c: set_key(c, ["sglang"], {"model_path": "--host=0.0.0.0"}),
+        "sglang.model_path: '--host=0.0.0.0' does not match",
+    ),
+    "served model name that is an option": (
+        lambda c: set_key(c, ["sglang"], {"served_model_name": "--port=1"}),
+        "sglang.served_model_name: '--port=1' does not match",
+    ),
+    "base image that is a docker option": (
+        lambda c: set_key(
+            c, ["sglang"], {"base_image": "--privileged@sha256:" + "a" * 64}
+        ),
+        "sglang.base_image: '--privileged@sha256:",
+    ),
+    "embedded base image that is a docker option": (
+        lambda c: set_key(c, ["container"], {"embedded_base_image": "--pull=always"}),
+        "container.embedded_base_image: '--pull=always' does not match",
+    ),
+    "GPUs with a trailing newline": (
+        lambda c: set_key(c, ["container"], {"gpus": "all\n"}),
+        "container.gpus: 'all\\n' does not match",
+    ),
+    "bisect repository that is a git option": (
+        lambda c: set_key(
+            c,
+            ["bisect"],
+            {"repository": "--upload-pack=x", "good": "v1", "bad": "v2", "arm": "A"},
+        ),
+        "bisect.repository: '--upload-pack=x' does not match",
+    ),
+    "bisect revision with a trailing newline": (
+        lambda c: set_key(
+            c, ["bisect"], {"repository": "r", "good": "v1", "bad": "v2\n", "arm": "A"}
+        ),
+        "bisect.bad: 'v2\\n' does not match",
+    ),
+    "server argument abbreviating --host": (
+        lambda c: set_key(c, ["sglang"], {"extra_server_args": ["--hos=0.0.0.0"]}),
+        "sglang.extra_server_args[0]: '--hos=0.0.0.0' sets --host, which comes from "
+        "the runner",
+    ),
+    "arm server argument reading a file of arguments": (
+        lambda c: set_key(c, ["arms", 2, "server_args"], ["--port", "1", "--conf=x"]),
+        "arms[2].server_args[2]: '--conf=x' sets --config, which makes SGLang read",
+    ),
+    "host lock that neither waits nor fails": (
+        lambda c: set_key(c, ["host_sharing"], {"lock": "steal"}),
+        "host_sharing.lock: 'steal' is not one of ['wait', 'fail']",
+    ),
+    "host lock file that is not a .lock file": (
+        lambda c: set_key(c, ["host_sharing"], {"lock_file": "/etc/passwd"}),
+        "host_sharing.lock_file: '/etc/passwd' does not match",
+    ),
+    "negative bound on other load": (
+        lambda c: set_key(c, ["host_sharing"], {"max_other_load_cores": -1}),
+        "host_sharing.max_other_load_cores: -1 is less than the minimum of 0",
+    ),
 }
 
 
@@ -183,6 +296,25 @@ def test_bad_config_is_named_in_one_line(case):
     )
 
 
+def schema_patterns(node) -> list[str]:
+    """Every ``pattern`` of the schema, in nested records and lists alike."""
+    if isinstance(node, list):
+        return [pattern for item in node for pattern in schema_patterns(item)]
+    if not isinstance(node, dict):
+        return []
+    own = [node["pattern"]] if isinstance(node.get("pattern"), str) else []
+    return own + [p for value in node.values() for p in schema_patterns(value)]
+
+
+def test_no_schema_pattern_lets_a_trailing_newline_through():
+    """jsonschema applies a pattern with re.search, where $ also matches before a
+    final newline: every $ of a pattern is followed by (?!\\n)."""
+    patterns = schema_patterns(yaml.safe_load(SCHEMA.read_text()))
+    unguarded = re.compile(r"(?<!\\)\$(?!\(\?!\\n\))")
+    assert [p for p in patterns if unguarded.search(p)] == []
+    assert "^[A-Za-z0-9][A-Za-z0-9_.-]*$(?!\\n)" in patterns  # names
+
+
 def test_defaults_are_filled_from_the_schema():
     config = check(default_config())
     assert config["client"]["warmup_requests"] == 16
@@ -190,6 +322,8 @@ def test_defaults_are_filled_from_the_schema():
     assert config["arms"][0]["runs"] == 3
     assert config["arms"][0]["environment"] == {}
     assert config["monitors"]["sample_hz"] == 10
+    assert config["host_sharing"]["lock"] == "wait"
+    assert config["host_sharing"]["max_other_load_cores"] == 0.5
 
 
 @pytest.mark.parametrize("name", SHIPPED)

@@ -10,6 +10,7 @@ starts one and prints the DOCKER_HOST to export).
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -23,12 +24,14 @@ from study_helpers import docker, snakemake_command
 
 from serving_study.client import ServerNeverHealthy, wait_until_healthy
 from serving_study.container_runtime import (
+    ContainerCommandFailed,
     ContainerServer,
     container_options,
     gpu_options,
     largest_tensor_bytes,
     namespace_pid,
     parse_quota,
+    read_image_id,
     run_command,
     segment_creator,
     shared_memory_bytes,
@@ -134,6 +137,50 @@ def test_host_ipc_replaces_the_private_shm_and_mounts_are_read_only():
     assert option_value(argv, "--volume") == "/data/models/Qwen:/models/Qwen:ro"
 
 
+def test_an_image_or_a_context_that_looks_like_an_option_stays_a_value(tmp_path):
+    run = run_command(
+        runtime="podman",
+        image="--privileged",
+        command=["true"],
+        name="n",
+        label="n",
+        environment={},
+        quota_cores=None,
+        shm_size=None,
+    )
+    build = build_command(
+        "docker",
+        Path("--output=type=local,dest=out"),
+        tag="localhost/serving-study-embedded:x",
+        arguments={},
+        labels={},
+        image_id_file=tmp_path / "x.iid",
+    )
+    assert run[-3:] == ["--", "--privileged", "true"]
+    assert build[-2:] == ["--", "--output=type=local,dest=out"]
+
+
+def test_docker_takes_an_image_that_looks_like_an_option_as_an_image():
+    """The docker client reads the image before it asks the engine anything."""
+    if shutil.which("docker") is None:
+        pytest.skip("the docker client is not installed")
+    argv = run_command(
+        runtime="docker",
+        image="--help",
+        command=[],
+        name="serving-study-hostile-image",
+        label="hostile-image",
+        environment={},
+        quota_cores=None,
+        shm_size=None,
+    )
+    finished = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    # Read as an option, "--help" would print the usage and exit 0.
+    assert finished.returncode != 0
+    assert "invalid reference format" in finished.stderr
+    assert "Usage:" not in finished.stdout
+
+
 def test_quota_is_given_at_start_only_when_startup_runs_under_it():
     def container(during_startup: bool) -> ContainerServer:
         return ContainerServer(
@@ -163,6 +210,34 @@ def test_gpus_for_docker_and_as_cdi_devices_for_podman():
         "--device",
         "nvidia.com/gpu=1",
     ]
+
+
+@pytest.mark.parametrize("runtime", ["docker", "podman"])
+def test_containers_get_no_capabilities_and_no_new_privileges(runtime):
+    image = "sha256:" + "a" * 64
+    argv = run_command(
+        runtime=runtime,
+        image=image,
+        command=["true"],
+        name="n",
+        label="n",
+        environment={},
+        quota_cores=1.0,
+        shm_size="64m",
+    )
+    options = argv[: argv.index(image)]
+    assert option_values(options, "--cap-drop") == ["ALL"]
+    assert option_values(options, "--security-opt") == ["no-new-privileges"]
+    assert "--cap-add" not in options and "--privileged" not in options
+
+
+def test_an_image_id_file_must_hold_an_image_id(tmp_path):
+    image_id = "sha256:" + "b" * 64
+    (tmp_path / "built.iid").write_text(image_id + "\n")
+    assert read_image_id(tmp_path / "built.iid") == image_id
+    (tmp_path / "tag.iid").write_text("localhost/serving-study-embedded:original\n")
+    with pytest.raises(ContainerCommandFailed, match="not an image id"):
+        read_image_id(tmp_path / "tag.iid")
 
 
 # --- /dev/shm size ------------------------------------------------------------------
@@ -719,3 +794,55 @@ def test_monitors_see_the_containers_processes_from_the_host(embedded_image, tmp
         assert server.group.read_stat().nr_periods >= before.nr_periods
     finally:
         server.stop()
+
+
+@pytest.mark.docker
+def test_the_container_runs_unprivileged_from_the_image_id(embedded_image, tmp_path):
+    server = ContainerServer(
+        [EMBEDDED_PYTHON, "-c", "import time; time.sleep(120)"],
+        {},
+        None,
+        f"least-privilege-{os.getpid()}",
+        tmp_path / "server.log",
+        image=embedded_image,
+        shm_size="64m",
+    )
+    try:
+        server.start()
+        status = Path(f"/proc/{server.pid}/status").read_text().splitlines()
+        fields = dict(line.split(":", 1) for line in status)
+        for capabilities in ("CapPrm", "CapEff", "CapBnd", "CapAmb"):
+            assert int(fields[capabilities], 16) == 0, capabilities
+        assert fields["NoNewPrivs"].strip() == "1"
+        assert server.image_run == embedded_image
+    finally:
+        server.stop()
+
+
+@pytest.mark.docker
+def test_a_secret_reaches_the_container_by_name_only(
+    embedded_image, tmp_path, monkeypatch
+):
+    secret = "container-canary-4242"
+    monkeypatch.setenv("STUDY_PASSED_VALUE", secret)
+    server = ContainerServer(
+        [EMBEDDED_PYTHON, "-c", "import time; time.sleep(120)"],
+        {"OMP_NUM_THREADS": "1"},
+        None,
+        f"secret-by-name-{os.getpid()}",
+        tmp_path / "server.log",
+        image=embedded_image,
+        shm_size="64m",
+        passed_environment=["STUDY_PASSED_VALUE"],
+    )
+    try:
+        server.start()
+        inside = psutil.Process(server.pid).environ()
+        assert inside["STUDY_PASSED_VALUE"] == secret
+    finally:
+        server.stop()
+    assert option_values(server.run_argv, "--env") == [
+        "OMP_NUM_THREADS=1",
+        "STUDY_PASSED_VALUE",
+    ]
+    assert not any(secret in item for item in server.run_argv)

@@ -15,6 +15,7 @@ import pytest
 import vl_convert
 import yaml
 
+import serving_study.report as report_module
 from serving_study.aggregate import aggregate, read_tables, write_tables
 from serving_study.report import build_report
 from serving_study.report_charts import chart_specs
@@ -73,12 +74,14 @@ def parse(path: Path) -> PageParts:
     return parts
 
 
-def write_fixture_metrics(config: dict, out_dir: Path) -> list[Path]:
-    """Summarize every fixture run into out_dir/<arm>-run<k>.json."""
+def write_fixture_metrics(
+    config: dict, out_dir: Path, runs: Path = FIXTURE / "runs"
+) -> list[Path]:
+    """Summarize every run under runs/<arm>/run<k> into out_dir/<arm>-run<k>.json."""
     arms = {arm["name"]: arm for arm in config["arms"]}
     out_dir.mkdir(parents=True)
     paths = []
-    for directory in sorted((FIXTURE / "runs").glob("*/run*")):
+    for directory in sorted(runs.glob("*/run*")):
         metrics = summarize_run(
             directory / "requests.jsonl",
             directory / "monitors.json",
@@ -91,8 +94,8 @@ def write_fixture_metrics(config: dict, out_dir: Path) -> list[Path]:
     return paths
 
 
-def load_inputs(tmp_path: Path, config: dict):
-    tables = aggregate(write_fixture_metrics(config, tmp_path / "runs"), config)
+def load_inputs(tmp_path: Path, config: dict, runs: Path = FIXTURE / "runs"):
+    tables = aggregate(write_fixture_metrics(config, tmp_path / "runs", runs), config)
     write_tables(tables, tmp_path / "tables")
     host = json.loads((FIXTURE / "host.json").read_text())
     variants = [json.loads(p.read_text()) for p in sorted(FIXTURE.glob("variants/*"))]
@@ -285,18 +288,41 @@ class FakeSnakemake:
 )
 def test_captions_render_as_restructured_text(caption):
     config = yaml.safe_load((FIXTURE / "config.yaml").read_text())
+    html = render_caption(caption, config)
+    assert html.strip()
+    if caption.name == "workflow.rst":
+        assert "fixture-2x3" in html
+
+
+def render_caption(caption: Path, config: dict) -> str:
+    """A caption as Snakemake's report renders it: Jinja with its settings, then
+    docutils (here failing on warnings too)."""
     environment = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
     source = environment.from_string(caption.read_text()).render(
         snakemake=FakeSnakemake(config)
     )
-    html = docutils.core.publish_parts(
+    return docutils.core.publish_parts(
         source,
         writer="html",
         settings_overrides={"halt_level": docutils.utils.Reporter.WARNING_LEVEL},
     )["html_body"]
-    assert html.strip()
-    if caption.name == "workflow.rst":
-        assert "fixture-2x3" in html
+
+
+def test_the_config_description_is_text_in_snakemakes_report(tmp_path):
+    # Docutils runs directives by default: raw HTML and file inclusion.
+    secret = tmp_path / "secret.txt"
+    secret.write_text("included-from-disk\n")
+    config = yaml.safe_load((FIXTURE / "config.yaml").read_text())
+    config["description"] = (
+        "Plain words.\n\n"
+        ".. raw:: html\n\n   <script>alert('description')</script>\n\n"
+        f".. include:: {secret}\n"
+    )
+    html = render_caption(ROOT / "report" / "workflow.rst", config)
+    assert "<script" not in html
+    assert "&lt;script&gt;alert('description')&lt;/script&gt;" in html
+    assert f".. include:: {secret}" in html
+    assert "included-from-disk" not in html
 
 
 def test_a_real_server_on_cpu_says_what_differs_from_a_gpu_host():
@@ -316,3 +342,145 @@ def test_a_real_server_on_cpu_says_what_differs_from_a_gpu_host():
     assert "in: A-main; the whole server elsewhere" in text
     assert platform_html(config | {"sglang": {"device": "cuda"}}) == ""
     assert platform_html({"engine": "embedded"}) == ""
+
+
+# --- in a browser: no text from the inputs runs -------------------------------
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+needs_chromium = pytest.mark.skipif(
+    CHROMIUM is None,
+    reason="needs headless Chromium (Debian: apt-get install chromium; .ci/run "
+    "installs it)",
+)
+
+# Free-text fields the page shows, each given payload(field) by hostile_inputs.
+SHOWN_FIELDS = (
+    "experiment",
+    "description",
+    "environment",
+    "statement",
+    "error",
+    "reference_source",
+    "hostname",
+    "cpu_model",
+    "torch_version",
+    "gpu_reason",
+    "variant_source",
+)
+PAYLOAD_KINDS = ("script", "img", "breakout", "attribute")
+
+
+def payload(field: str) -> str:
+    """Text that, parsed as markup, marks the page with data-pwned-<kind>="<field>":
+    as a script element, an image's onerror, by closing the script element it sits
+    in, or by closing a quoted attribute."""
+
+    def mark(kind: str) -> str:
+        # Split so that the marker never stands in the page as mere text.
+        return (
+            f"document.documentElement.setAttribute('data-pw'+'ned-{kind}','{field}')"
+        )
+
+    return (
+        f"{field}: <script>{mark('script')}</script>"
+        f' <img src=x onerror="{mark("img")}">'
+        f" </script><script>{mark('breakout')}</script>"
+        f' "><img src=x onerror="{mark("attribute")}">'
+    )
+
+
+def hostile_inputs(tmp_path: Path):
+    """The fixture with a payload in every free-text field of the config, the
+    host, the variants and a failed request's error: (tables, config, host,
+    variants)."""
+    runs = tmp_path / "logs"
+    shutil.copytree(FIXTURE / "runs", runs)
+    failed = runs / "patched" / "run3" / "requests.jsonl"
+    records = [json.loads(line) for line in failed.read_text().splitlines()]
+    for record in records:
+        if record["error"]:
+            record["error"] = payload("error")
+    failed.write_text("".join(json.dumps(record) + "\n" for record in records))
+    environment = {"PAYLOAD_NOTE": payload("environment")}
+    # The server saw the arm's environment: the patched runs stay as valid as before.
+    for path in runs.glob("patched/run*/checks.json"):
+        checks = json.loads(path.read_text())
+        path.write_text(json.dumps(checks | {"environment_seen": environment}))
+
+    config = yaml.safe_load((FIXTURE / "config.yaml").read_text())
+    config["experiment"] = payload("experiment")
+    config["description"] = payload("description")
+    config["arms"][0]["description"] = payload("arm_description")
+    config["arms"][1]["environment"] = environment
+    config["claims"][0]["statement"] = payload("statement")
+    config["reference"]["source"] = payload("reference_source")
+    tables, host, variants = load_inputs(tmp_path, config, runs)
+    host["hostname"] = payload("hostname")
+    host["cpu_model"] = payload("cpu_model")
+    host["versions"]["torch"] = payload("torch_version")
+    host["gpu"] = {"gpus": [], "reason": payload("gpu_reason")}
+    variants[1]["source"] = {
+        "kind": "git",
+        "url": payload("variant_source"),
+        "commit": "297e54f",
+    }
+    return tables, config, host, variants
+
+
+def rendered_dom(page: Path, profile: Path) -> str:
+    """The page's DOM once its scripts ran, from headless Chromium that can
+    resolve no host name (so the page must load nothing from the network)."""
+    result = subprocess.run(
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",  # Chromium's sandbox refuses to run as root
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--host-resolver-rules=MAP * ~NOTFOUND",
+            f"--user-data-dir={profile}",
+            "--virtual-time-budget=30000",
+            "--dump-dom",
+            page.as_uri(),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@needs_chromium
+def test_no_text_from_the_inputs_runs_in_a_browser(tmp_path, monkeypatch):
+    tables, config, host, variants = hostile_inputs(tmp_path)
+    page = tmp_path / "report.html"
+    build_report(tables, config, host, variants, page)
+    dom = rendered_dom(page, tmp_path / "profile")
+
+    assert "data-pwned" not in dom
+    parts = PageParts()
+    parts.feed(dom)
+    text = " ".join(parts.text)
+    for field in SHOWN_FIELDS:
+        assert f"{field}: <script>" in text, f"{field} is not on the page as text"
+    # The page's own scripts did run: the chart is drawn, with the export action
+    # alone (no action writes or posts the spec elsewhere).
+    assert 'class="marks"' in dom
+    assert "Save as SVG" in dom
+    for action in ("View Source", "View Compiled Vega", "Open in Vega Editor"):
+        assert action not in dom
+
+    # The same inputs without escaping do run, each kind of payload: what this
+    # test looks for is what a payload that gets through leaves.
+    monkeypatch.setattr(report_module, "escape", report_module.text)
+    monkeypatch.setattr(report_module, "script_json", json.dumps)
+    unescaped = tmp_path / "unescaped.html"
+    build_report(tables, config, host, variants, unescaped)
+    dom = rendered_dom(unescaped, tmp_path / "profile-unescaped")
+    for kind in PAYLOAD_KINDS:
+        assert f"data-pwned-{kind}=" in dom, kind

@@ -8,9 +8,11 @@ argv lists it checks are the ones the ``commands`` rule wrote, for every arm of
 every GPU experiment.
 """
 
+import argparse
 import contextlib
 import fcntl
 import hashlib
+import io
 import json
 import shutil
 import subprocess
@@ -23,10 +25,13 @@ from study_helpers import snakemake_command
 
 from serving_study.config import check_config
 from serving_study.sglang_commands import (
+    FLAGS_FROM_CONFIG,
+    FLAGS_HIDING_ARGUMENTS,
     ServerArgumentConflict,
     arm_launch_commands,
     container_model_path,
     model_flags,
+    server_argument_conflicts,
     sglang_server_argv,
     sglang_server_environment,
 )
@@ -190,6 +195,71 @@ def test_extra_arguments_may_not_override_a_config_key(extra, arm_arguments, nam
     arm = experiment_config("p4")["arms"][0] | {"server_args": arm_arguments}
     with pytest.raises(ServerArgumentConflict, match=named.replace("[", r"\[")):
         sglang_server_argv(arm, settings, MODEL_PATH, 30000, GPU_PLATFORM)
+
+
+# Spellings SGLang's parser (argparse, abbreviations allowed) takes for a flag
+# that a config key sets, and the flag each one sets.
+ABBREVIATED_FLAGS = [
+    (["--host=0.0.0.0"], "--host"),
+    (["--hos", "0.0.0.0"], "--host"),
+    (["--ho=0.0.0.0"], "--host"),
+    (["--model", "/elsewhere"], "--model"),
+    (["--served-model=other"], "--served-model-name"),
+    (["--mem-frac", "0.9"], "--mem-fraction-static"),
+    (["--disable-radix"], "--disable-radix-cache"),
+    (["--config", "more.yaml"], "--config"),
+]
+
+
+@pytest.mark.parametrize("arguments, flag", ABBREVIATED_FLAGS)
+@pytest.mark.parametrize("where", ["extra_server_args", "server_args"])
+def test_every_spelling_of_a_flag_from_config_is_refused(arguments, flag, where):
+    config = experiment_config("p4")
+    settings, arm = config["sglang"], config["arms"][0]
+    given = ["--cuda-graph-max-bs", "16", *arguments]
+    if where == "extra_server_args":
+        settings = settings | {"extra_server_args": given}
+        named = "sglang.extra_server_args[2]"
+    else:
+        arm = arm | {"server_args": given}
+        named = f"arms[{arm['name']}].server_args[2]"
+
+    with pytest.raises(ServerArgumentConflict) as raised:
+        sglang_server_argv(arm, settings, MODEL_PATH, 30000, GPU_PLATFORM)
+
+    message = str(raised.value)
+    assert message.startswith(f"{named}: {arguments[0]!r} sets {flag}, which ")
+    assert "\n" not in message
+
+
+def test_what_argparse_reads_as_a_flag_from_config_is_refused():
+    """Python's argparse, which SGLang's parser is, holding only the refused flags:
+    a prefix unique among them may be ambiguous among SGLang's flags, never the
+    other way round, so these are all the spellings SGLang can take."""
+    refused = [*FLAGS_FROM_CONFIG, *FLAGS_HIDING_ARGUMENTS]
+    parser = argparse.ArgumentParser(add_help=False, exit_on_error=False)
+    for flag in refused:
+        parser.add_argument(flag, dest=flag)
+    taken = {flag: set() for flag in refused}
+    for flag in refused:
+        for end in range(3, len(flag) + 1):
+            for arguments in ([flag[:end], "x"], [f"{flag[:end]}=x"]):
+                try:
+                    with contextlib.redirect_stderr(io.StringIO()):
+                        parsed = vars(parser.parse_args(arguments))
+                except (argparse.ArgumentError, SystemExit):
+                    continue  # ambiguous among the refused flags
+                (set_flag,) = [name for name, value in parsed.items() if value == "x"]
+                taken[set_flag].add(arguments[0])
+                assert server_argument_conflicts(arguments, "extra"), arguments
+    assert {"--ho", "--hos", "--host", "--hos=x", "--host=x"} <= taken["--host"]
+    assert "--conf=x" in taken["--config"]
+
+
+def test_arguments_that_set_no_flag_from_config_pass():
+    arguments = ["--max-running-requests", "16", "--chunked-prefill-size", "8192"]
+    arguments += ["--hostname-override", "-h", "--", "--mem-fraction-static-x"]
+    assert server_argument_conflicts(arguments, "sglang.extra_server_args") == []
 
 
 def test_the_quota_is_in_the_container_argv_only_when_given_at_start():
@@ -449,6 +519,62 @@ def test_sglang_0_5_23_refuses_what_it_does_not_know(sglang_answers):
     """The check is SGLang's own: it is not a list of flags we keep."""
     assert "invalid choice: 'shm'" in sglang_answers["unknown transport"]["error"]
     assert "unrecognized arguments" in sglang_answers["unknown flag"]["error"]
+
+
+# Runs inside the parser's environment: SGLang's option strings with their dests,
+# and the host each list of arguments (on stdin) sets, None where SGLang refuses it.
+OPTIONS_PROGRAM = """
+import argparse, contextlib, io, json, sys
+from sglang.srt.server_args import ServerArgs
+
+parser = argparse.ArgumentParser(prog="sglang serve")
+ServerArgs.add_cli_args(parser)
+hosts = {}
+for arguments in json.load(sys.stdin):
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):
+            parsed = parser.parse_args(["--model-path", "/m", *arguments])
+        hosts[" ".join(arguments)] = parsed.host
+    except SystemExit:
+        hosts[" ".join(arguments)] = None
+actions = parser._option_string_actions
+options = {option: action.dest for option, action in actions.items()}
+json.dump({"options": options, "hosts": hosts}, sys.stdout)
+"""
+
+
+def test_sglang_0_5_23_takes_abbreviated_flags_and_the_guard_knows_its_options(
+    sglang_parser_python,
+):
+    cases = [["--host=0.0.0.0"], ["--hos", "0.0.0.0"], ["--ho=0.0.0.0"], ["--h=1"]]
+    finished = subprocess.run(
+        [str(sglang_parser_python), "-c", OPTIONS_PROGRAM],
+        input=json.dumps(cases),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    answers = json.loads(finished.stdout)
+
+    # The threat is real: SGLang binds where an abbreviation says ("--h" is
+    # ambiguous there, and refused).
+    assert answers["hosts"] == {
+        "--host=0.0.0.0": "0.0.0.0",
+        "--hos 0.0.0.0": "0.0.0.0",
+        "--ho=0.0.0.0": "0.0.0.0",
+        "--h=1": None,
+    }
+    options = answers["options"]
+    refused = {options[flag] for flag in [*FLAGS_FROM_CONFIG, *FLAGS_HIDING_ARGUMENTS]}
+    # Every option string of those settings (aliases too) is refused, and none
+    # of SGLang's other options is.
+    wrong = [
+        option
+        for option, dest in options.items()
+        if bool(server_argument_conflicts([option], "extra")) != (dest in refused)
+    ]
+    assert wrong == []
 
 
 # --- one code path for CPU and GPU hosts ------------------------------------------

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import io
+import stat
 import subprocess
 import sys
+import tarfile
 import zipfile
 from pathlib import Path
 
@@ -298,3 +301,162 @@ def test_a_relative_destination_works_for_a_git_source(upstream, tmp_path, monke
 
     assert identity["commit"] == first
     assert (tmp_path / "sources" / "fake" / "python" / "sglang").is_dir()
+
+
+# --- hostile values: read as values, never as options; nothing leaves the tree -------
+
+
+def test_a_git_url_that_looks_like_an_option_is_only_a_url(tmp_path):
+    marker = tmp_path / "upload-pack-ran"
+    url = f"--upload-pack=touch {marker}"
+    record = {"name": "hostile", "git": {"url": url, "commit": "a" * 40}}
+
+    with pytest.raises(SourceUnavailable) as raised:
+        fetch_source(record, tmp_path / "sources" / "hostile")
+
+    assert f"cannot reach {url}" in str(raised.value)
+    assert not marker.exists()
+    assert not (tmp_path / "sources" / "hostile").exists()
+
+
+def test_a_git_commit_that_looks_like_an_option_is_refused(upstream, tmp_path):
+    repository, _ = upstream
+    record = {"name": "fake", "git": {"url": str(repository), "commit": "--all"}}
+
+    with pytest.raises(SourceMismatch) as raised:
+        fetch_source(record, tmp_path / "fake")
+
+    assert str(raised.value) == (
+        "source 'fake': git.commit '--all' is not a commit sha (7 to 40 hex digits)"
+    )
+    assert not (tmp_path / "fake").exists()
+
+
+def test_a_pypi_package_that_looks_like_an_option_is_only_a_requirement(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("PIP_INDEX_URL", "http://127.0.0.1:9/simple")
+    monkeypatch.setenv("PIP_RETRIES", "0")
+    log = tmp_path / "pip-log"
+    record = {"name": "hostile", "pypi": {"package": f"--log={log}", "version": "1"}}
+
+    with pytest.raises(SourceUnavailable) as raised:
+        fetch_source(record, tmp_path / "sources" / "hostile")
+
+    assert f"could not download --log={log}==1" in str(raised.value)
+    assert list(tmp_path.glob("pip-log*")) == []  # pip never read it as --log
+    assert not (tmp_path / "sources" / "hostile").exists()
+
+
+def tar_member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "") -> tuple:
+    info = tarfile.TarInfo(name)
+    info.type, info.linkname = kind, link
+    return info, b"" if kind != tarfile.REGTYPE else b"escaped = True\n"
+
+
+def write_sdist(path: Path, hostile: tuple) -> Path:
+    """An sdist (sglang-9.9.9/sglang/...) with one hostile member after the package."""
+    with tarfile.open(path, "w:gz") as bundle:
+        for info, content in (tar_member("sglang-9.9.9/sglang/__init__.py"), hostile):
+            info.size = len(content)
+            bundle.addfile(info, io.BytesIO(content))
+    return path
+
+
+def write_wheel(path: Path, name: str, symlink_to: str | None = None) -> Path:
+    """A wheel with the package and one more member; ``symlink_to`` makes it a
+    symlink (a zip keeps a link's target as its content, its type in the mode)."""
+    with zipfile.ZipFile(path, "w") as bundle:
+        bundle.writestr("sglang/__init__.py", "")
+        info = zipfile.ZipInfo(name)
+        if symlink_to is None:
+            bundle.writestr(info, "escaped = True\n")
+        else:
+            info.external_attr = (stat.S_IFLNK | 0o777) << 16
+            bundle.writestr(info, symlink_to)
+    return path
+
+
+# Each hostile archive, made in a directory whose "outside/" it tries to write to
+# (the tree is built in work/.out.staging-*/python/).
+HOSTILE_ARCHIVES = {
+    "sdist member with '..' parts": lambda d: write_sdist(
+        d / "sglang-9.9.9.tar.gz",
+        tar_member("sglang-9.9.9/sglang/../../../../outside/escaped.py"),
+    ),
+    "sdist member with an absolute path": lambda d: write_sdist(
+        d / "sglang-9.9.9.tar.gz", tar_member(f"{d}/outside/escaped.py")
+    ),
+    "sdist symlink to /etc": lambda d: write_sdist(
+        d / "sglang-9.9.9.tar.gz",
+        tar_member("sglang-9.9.9/sglang/etc", tarfile.SYMTYPE, "/etc"),
+    ),
+    "sdist symlink up out of the tree": lambda d: write_sdist(
+        d / "sglang-9.9.9.tar.gz",
+        tar_member("sglang-9.9.9/sglang/up", tarfile.SYMTYPE, "../../../outside"),
+    ),
+    "sdist hard link to a file outside": lambda d: write_sdist(
+        d / "sglang-9.9.9.tar.gz",
+        tar_member("sglang-9.9.9/sglang/passwd", tarfile.LNKTYPE, "../etc/passwd"),
+    ),
+    "wheel member with '..' parts": lambda d: write_wheel(
+        d / "sglang-9.9.9-py3-none-any.whl", "sglang/../../../../outside/escaped.py"
+    ),
+    "wheel member with an absolute path": lambda d: write_wheel(
+        d / "sglang-9.9.9-py3-none-any.whl", f"{d}/outside/escaped.py"
+    ),
+    "wheel symlink to /etc": lambda d: write_wheel(
+        d / "sglang-9.9.9-py3-none-any.whl", "sglang/etc", symlink_to="/etc"
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_ARCHIVES))
+def test_an_archive_member_leaving_the_tree_refuses_the_archive(case, tmp_path):
+    (tmp_path / "outside").mkdir()
+    archive = HOSTILE_ARCHIVES[case](tmp_path)
+    if archive.suffix == ".gz":
+        with tarfile.open(archive) as bundle:
+            member = bundle.getnames()[-1]
+    else:
+        with zipfile.ZipFile(archive) as bundle:
+            member = bundle.namelist()[-1]
+
+    with pytest.raises(SourceMismatch) as raised:
+        fetch_source({"name": "hostile", "path": str(archive)}, tmp_path / "work/out")
+
+    message = str(raised.value)
+    assert message.startswith(f"{archive.name} has an unsafe member {member!r} (")
+    assert "\n" not in message
+    assert list((tmp_path / "outside").iterdir()) == []
+    assert list((tmp_path / "work").iterdir()) == []  # no tree, no staging left
+
+
+def test_a_doubled_slash_in_a_wheel_member_stays_inside_the_tree(tmp_path):
+    outside = tmp_path / "outside" / "escaped.py"
+    # "sglang//<tmp>/outside/escaped.py": joined naively, an absolute path.
+    wheel = write_wheel(tmp_path / "sglang-9.9.9-py3-none-any.whl", f"sglang/{outside}")
+
+    fetch_source({"name": "w", "path": str(wheel)}, tmp_path / "out")
+
+    assert not outside.exists()
+    inside = tmp_path / "out/python/sglang" / outside.relative_to("/")
+    assert inside.read_text() == "escaped = True\n"
+
+
+def test_a_git_commit_linking_out_of_the_tree_is_refused(upstream, tmp_path):
+    repository, _ = upstream
+    (repository / "python/sglang/etc").symlink_to("/etc")
+    git(repository, "add", "--all")
+    git(repository, "commit", "--quiet", "-m", "a link out")
+    commit = git(repository, "rev-parse", "HEAD")
+    record = {"name": "fake", "git": {"url": str(repository), "commit": commit}}
+
+    with pytest.raises(SourceMismatch) as raised:
+        fetch_source(record, tmp_path / "sources" / "fake")
+
+    message = str(raised.value)
+    assert message.startswith(f"source 'fake': the git archive of {commit} in ")
+    assert "'python/sglang/etc' is a link to an absolute path" in message
+    assert "\n" not in message
+    assert list((tmp_path / "sources").iterdir()) == []

@@ -60,10 +60,13 @@ def test_two_pipelines_at_once_measure_only_their_own_servers(tmp_path):
         _, errors = pipeline.communicate(timeout=1200)
         assert pipeline.returncode == 0, errors[-3000:]
     servers_seen = set()
+    windows = []
     for workdir in workdirs:
         for run in (workdir / "results" / EXPERIMENT).glob("*/run[0-9]*/"):
             provenance = json.loads((run / "provenance.json").read_text())
             monitors = json.loads((run / "monitors.json").read_text())
+            window = monitors["window"]
+            windows.append((window["start_epoch"], window["end_epoch"]))
             server = provenance["server_info"]
             assert monitors["processes"]["main_pid"] == server["pid"]
             assert monitors["processes"]["scheduler_pid"] == server["scheduler_pid"]
@@ -75,3 +78,7 @@ def test_two_pipelines_at_once_measure_only_their_own_servers(tmp_path):
             assert group not in servers_seen
             servers_seen.add(group)
     assert len(servers_seen) == 4
+    # The host's measurement lock: one pipeline's window never overlaps the other's.
+    windows.sort()
+    for (_, earlier_end), (later_start, _) in zip(windows, windows[1:], strict=False):
+        assert later_start >= earlier_end

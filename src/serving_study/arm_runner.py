@@ -17,24 +17,28 @@ import os
 import signal
 import sys
 import time
+import traceback
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-import requests as http
-
 from serving_study.client import (
     ServerNeverHealthy,
     load_requests,
+    local_session,
     run_load,
     wait_until_healthy,
 )
+from serving_study.config_secrets import require_secrets, secret_names
 from serving_study.container_runtime import (
     ContainerServer,
     container_options,
     read_image_id,
 )
+from serving_study.host_load import HostLoadMeter
+from serving_study.host_sharing import HostSharing, MeasurementLock
 from serving_study.images import EMBEDDED_PYTHON, EMBEDDED_VARIANT_ROOT
+from serving_study.leftovers import owned_name, reap_leftovers
 from serving_study.local_runtime import LocalServer, free_port
 from serving_study.monitors import RunMonitors
 from serving_study.run_metrics import failed_run_metrics, summarize_run
@@ -236,6 +240,7 @@ def new_server(
         runtime=engine["runtime"],
         read_only_mounts=mounts,
         writable_mounts=writable_mounts,
+        passed_environment=secret_names(arm),
         **container_options(
             engine["container"],
             sglang_platform(engine) if engine["engine"] == "sglang" else None,
@@ -295,9 +300,10 @@ def start_healthy_server(
 
 
 def read_server_info(base_url: str) -> dict:
-    with http.get(f"{base_url}/server_info", timeout=30) as response:
-        response.raise_for_status()
-        return response.json()
+    with local_session() as session:
+        with session.get(f"{base_url}/server_info", timeout=30) as response:
+            response.raise_for_status()
+            return response.json()
 
 
 def measure(
@@ -318,12 +324,15 @@ def measure(
     """
     chat_requests = load_requests(workload_manifest)
     server.remember_tree()
+    # The run's own CPU: every group of its server (the model processes' too).
+    own_groups = (server.group, getattr(server, "model_group", None))
     run_monitors = RunMonitors(
         server.pid,
         server.group,
         sample_hz=monitors["sample_hz"],
         thread_sample_hz=monitors["thread_sample_hz"],
         gpu={"auto": None, "on": True, "off": False}[monitors["gpu"]],
+        host_load=HostLoadMeter([group for group in own_groups if group]),
     )
     window: dict = {}
     try:
@@ -396,13 +405,28 @@ def run_arm(
     client: dict,
     monitors: dict,
     paths: RunPaths,
+    sharing: HostSharing | None = None,
 ) -> dict:
-    """Run one (arm, run) and write all its outputs; return its metrics."""
-    started_at, started = now_iso(), time.monotonic()
+    """Run one (arm, run) and write all its outputs; return its metrics.
+
+    The run holds the host's measurement lock (``sharing``: the config's
+    ``host_sharing``, the schema's defaults when None) from before its server
+    starts until it is torn down, and first removes what dead runs left. A busy
+    host (lock ``fail``, or waited too long) raises HostBusy: no output, so a
+    rerun measures it. Any other error fails this run only: it is recorded.
+    """
+    sharing = sharing or HostSharing.from_config({})
+    # A secret the arm names but the runner lacks is a setup error: nothing starts.
+    require_secrets(arm, os.environ)
     paths.server_log.write_text("")
-    group_name = f"{experiment}-{arm['name']}-run{run}-{os.getpid()}"
+    group_name = owned_name(f"{experiment}-{arm['name']}-run{run}")
     # What is recorded of the arm: secret values (tokens) never reach a file.
     arm_record = arm | {"environment": redacted(arm.get("environment", {}))}
+    lock = MeasurementLock.acquire(
+        sharing, holder=f"experiment {experiment}, arm {arm['name']}, run {run}"
+    )
+    # The run's time starts once it has the host (the wait is in host_lock).
+    started_at, started = now_iso(), time.monotonic()
     provenance = {
         "experiment": experiment,
         "arm": arm_record,
@@ -410,10 +434,13 @@ def run_arm(
         "variant": variant,
         "engine": engine,
         "started_at": started_at,
+        "host_lock": lock.record,
     }
     server = None
     inline_images = 0
     try:
+        container_runtimes = (engine["runtime"],) if in_container(engine) else ()
+        provenance["leftovers_reaped"] = reap_leftovers(container_runtimes).to_dict()
         server, base_url = start_healthy_server(
             engine, variant, arm, group_name, paths, client, workload_manifest
         )
@@ -421,7 +448,9 @@ def run_arm(
         server_info = read_server_info(base_url)
         provenance.update(
             server_argv=server.argv,
-            environment_in_force=recorded_environment(server.environment),
+            environment_in_force=recorded_environment(
+                server.environment, secret_names(arm)
+            ),
             server_info=server_info,
             quota_in_force=server.group.quota_in_force(),
         )
@@ -437,6 +466,7 @@ def run_arm(
             provenance.update(
                 container_argv=server.run_argv,
                 image=server.image,
+                image_run=server.image_run,
                 quota_seen_inside=server.quota_seen_inside(),
             )
         window, load_summary = measure(
@@ -448,7 +478,15 @@ def run_arm(
                 f"{server.log_tail()}"
             )
         identity = server_identity(engine, arm, variant, server_info, server)
-        checks = validity_checks(arm, client, server_info, window, server, identity)
+        checks = validity_checks(
+            arm,
+            client,
+            server_info,
+            window,
+            server,
+            identity,
+            max_other_load_cores=sharing.max_other_load_cores,
+        )
         # Afterwards too: its request-path stage totals say where the main process
         # spent its time during the run.
         server_info_after = read_server_info(base_url)
@@ -459,17 +497,26 @@ def run_arm(
         provenance["client"] = load_summary
         write_json(paths.monitors, window)
         metrics = summarize_run(paths.requests, paths.monitors, arm_record, checks)
-    except ArmFailed as failure:
-        log.error("run failed: %s", failure)
-        metrics = failed_run_metrics(arm_record, run, str(failure).splitlines()[0])
-        provenance["failure"] = str(failure)
+    except Exception as failure:
+        # ArmFailed says why; anything else is a fault of this run alone, and the
+        # study goes on (an interrupt is not an Exception: it ends the job).
+        reason = str(failure)
+        if not isinstance(failure, ArmFailed):
+            reason = f"unexpected {type(failure).__name__}: {failure}"
+            provenance["traceback"] = traceback.format_exc()
+        log.error("run failed: %s", reason)
+        metrics = failed_run_metrics(arm_record, run, (reason or "?").splitlines()[0])
+        provenance["failure"] = reason
         for path in (paths.requests, paths.monitors):
             if not path.exists():
                 path.write_text("" if path.suffix == ".jsonl" else "null\n")
     finally:
-        if server is not None:
-            server.stop()
-            provenance["leaked_segments_removed"] = server.leaked_segments
+        try:
+            if server is not None:
+                server.stop()
+                provenance["leaked_segments_removed"] = server.leaked_segments
+        finally:
+            lock.release()
     metrics.update(experiment=experiment, arm=arm["name"], run=run)
     if metrics.get("valid") and inline_images:
         metrics["valid"] = False

@@ -380,6 +380,41 @@ class CpuQuotaGroup(CpuGroup):
         self.remove()
 
 
+# --- Groups that dead runs left ------------------------------------------------------
+
+
+def project_group_directories() -> list[Path]:
+    """Every group below a ``serving-study`` parent where groups are made: below
+    this process's own cgroup, and below each CPU hierarchy's root (cgroup v2
+    falls back to it; another run may have been in another cgroup)."""
+    try:
+        own = _layout_for("self")
+        mounts = _read_mounts(Path("/proc/self/mountinfo").read_text())
+    except (QuotaUnavailable, OSError):
+        return []
+    bases = {own.cpu_directory, own.usage_directory}
+    for mount in mounts:
+        if mount.version == 2 or mount.controllers & {"cpu", "cpuacct"}:
+            bases.add(mount.mount_point)
+    directories = []
+    for base in sorted(bases):
+        try:
+            children = sorted((base / PARENT_GROUP_NAME).iterdir())
+        except OSError:
+            continue
+        directories += [child for child in children if child.is_dir()]
+    return directories
+
+
+def remove_group_directory(directory: Path, timeout: float = 10.0) -> list[int]:
+    """SIGKILL what one group directory holds and remove it; return the pids
+    killed. For a group this process did not create (a dead run's)."""
+    pids = sorted(_read_pids(directory / "cgroup.procs"))
+    version = 2 if (directory / "cgroup.controllers").exists() else 1
+    CpuQuotaGroup(_Layout(version, directory, directory)).remove(timeout)
+    return pids
+
+
 def wrap_command(group: CpuGroup, argv: list[str]) -> list[str]:
     """`argv` prefixed so that its process joins `group` before it starts (no race)."""
     # Run the helper by file path with -I -S: it needs only the standard library,

@@ -465,6 +465,17 @@ def _summary(records: list[dict | None], **figures: float | int) -> LoadSummary:
 # --- Readiness ------------------------------------------------------------------------
 
 
+def local_session() -> requests.Session:
+    """A session for this host's own servers: never through a proxy.
+
+    ``requests`` sends even 127.0.0.1 through ``HTTP_PROXY`` unless ``NO_PROXY``
+    says otherwise; the load itself (``http1``) opens its sockets directly.
+    """
+    session = requests.Session()
+    session.trust_env = False
+    return session
+
+
 def wait_until_healthy(
     base_url: str,
     timeout_s: float,
@@ -481,8 +492,7 @@ def wait_until_healthy(
     started = time.monotonic()
     deadline = started + timeout_s
     last_answer = "no answer yet"
-    with requests.Session() as session:
-        session.trust_env = False  # a local server: never through a proxy
+    with local_session() as session:
         while True:
             if process is not None and process.poll() is not None:
                 raise ServerNeverHealthy(

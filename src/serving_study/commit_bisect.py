@@ -228,7 +228,7 @@ def first_parent_commits(repository: str, good: str, bad: str) -> list[str]:
         clone = Path(work) / "repository.git"
         without_contents = [] if local.exists() else ["--filter=blob:none"]
         _git(
-            ["clone", "--quiet", "--bare", *without_contents, source, str(clone)],
+            ["clone", "--quiet", "--bare", *without_contents, "--", source, str(clone)],
             Path(work),
             what=f"cloning {repository}",
         )
@@ -258,6 +258,11 @@ def first_parent_commits(repository: str, good: str, bad: str) -> list[str]:
 
 
 def _resolve(clone: Path, revision: str, end: str, repository: str) -> str:
+    # rev-parse takes no "--" before a revision (git before 2.43).
+    if revision.startswith("-"):
+        raise BisectError(
+            f"bisect.{end}: {revision!r} starts with '-'; give a commit or a tag"
+        )
     resolved = _git(
         ["rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
         clone,

@@ -28,6 +28,7 @@ from pathlib import Path
 
 import psutil
 
+from serving_study import container_watchdog
 from serving_study.cgroups import CpuGroup, QuotaUnavailable, group_of_pid
 from serving_study.host import feature_bytes
 from serving_study.local_runtime import log_tail
@@ -36,7 +37,17 @@ from serving_study.sglang_platform import SGLangPlatform
 log = logging.getLogger(__name__)
 
 RUNTIMES = ("docker", "podman")
+# Least privilege: neither engine needs a capability (servers run as the image's
+# root, bind ports above 1024 on the host's network, write /dev/shm, /tmp and the
+# root-owned compile cache, and signal only their own processes), and nothing in
+# a container may gain privileges (setuid binaries) after it starts.
+LEAST_PRIVILEGE = ("--cap-drop", "ALL", "--security-opt", "no-new-privileges")
+# An image id as docker writes it; podman may leave out the "sha256:".
+IMAGE_ID = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
 RUN_LABEL = "serving-study.run"
+# The pid of the runner that started the container: once it is gone, the
+# container is a leftover (leftovers.py removes it).
+OWNER_LABEL = "serving-study.owner"
 # SGLang 0.5.23 names segments sgl_shm_<kind>_<creator pid>_<8 hex>.
 SGLANG_SEGMENT_PREFIX = "sgl_shm_"
 HOST_SHARED_MEMORY = Path("/dev/shm")
@@ -102,10 +113,21 @@ def container_options(
 
 def read_image_id(image_id_file: str | Path) -> str:
     """The image id a build wrote with --iidfile (``sha256:...``)."""
-    image_id = Path(image_id_file).read_text().strip()
-    if not image_id:
-        raise ContainerCommandFailed(f"{image_id_file} is empty; build the image again")
+    text = Path(image_id_file).read_text().strip()
+    image_id = normal_image_id(text)
+    if image_id is None:
+        raise ContainerCommandFailed(
+            f"{image_id_file} holds {text[:80]!r}, not an image id (sha256:...); "
+            "build the image again"
+        )
     return image_id
+
+
+def normal_image_id(text: str) -> str | None:
+    """``sha256:<64 hex>`` from an image id in either runtime's spelling, or None
+    (a tag is not an id)."""
+    matched = IMAGE_ID.fullmatch(text.strip())
+    return f"sha256:{matched.group(1)}" if matched else None
 
 
 def gpu_options(runtime: str, gpus: str | None) -> list[str]:
@@ -138,6 +160,7 @@ def run_command(
     environment: dict[str, str],
     quota_cores: float | None,
     shm_size: str | None,
+    passed_environment: Sequence[str] = (),
     ipc_host: bool = False,
     gpus: str | None = None,
     read_only_mounts: Sequence[tuple[str, str]] = (),
@@ -147,7 +170,9 @@ def run_command(
 
     ``quota_cores`` None starts the container without a quota (``apply_quota`` adds
     it later); ``shm_size`` is the size of a private /dev/shm (e.g. ``"2048m"``),
-    unused when ``ipc_host`` shares the host's.
+    unused when ``ipc_host`` shares the host's. ``passed_environment`` names
+    variables the container gets from the runtime client's environment (secrets:
+    ``--env NAME``, so no value is on the command line or in its records).
     """
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime {runtime!r} is not one of {RUNTIMES}")
@@ -159,9 +184,11 @@ def run_command(
         name,
         "--label",
         f"{RUN_LABEL}={label}",
+        "--label",
+        f"{OWNER_LABEL}={os.getpid()}",
     ]
     log_driver = "json-file" if runtime == "docker" else "k8s-file"
-    argv += ["--network=host", f"--log-driver={log_driver}"]
+    argv += ["--network=host", f"--log-driver={log_driver}", *LEAST_PRIVILEGE]
     if quota_cores is not None:
         argv += ["--cpus", f"{quota_cores:g}"]
     if ipc_host:
@@ -175,7 +202,9 @@ def run_command(
         argv += ["--volume", f"{host_path}:{container_path}:rw"]
     for variable, value in sorted(environment.items()):
         argv += ["--env", f"{variable}={value}"]
-    return argv + [image, *command]
+    for variable in passed_environment:
+        argv += ["--env", variable]
+    return argv + ["--", image, *command]
 
 
 def parse_quota(text: str) -> dict:
@@ -246,6 +275,7 @@ class ContainerServer:
         gpus: str | None = None,
         read_only_mounts: Sequence[tuple[str, str]] = (),
         writable_mounts: Sequence[tuple[str, str]] = (),
+        passed_environment: Sequence[str] = (),
     ):
         self.argv = argv
         self.environment = dict(environment)
@@ -264,6 +294,7 @@ class ContainerServer:
             name=self.name,
             label=group_name,
             environment=self.environment,
+            passed_environment=list(passed_environment),
             quota_cores=quota_cores if quota_during_startup else None,
             shm_size=shm_size,
             ipc_host=ipc_host,
@@ -272,6 +303,8 @@ class ContainerServer:
             writable_mounts=list(writable_mounts),
         )
         self.container_id: str | None = None
+        # The image the runtime says the container runs (its id), once started.
+        self.image_run: str | None = None
         self.group: CpuGroup | None = None
         self.process = _ContainerProcess(self)
         self.known_pids: set[int] = set()
@@ -280,6 +313,7 @@ class ContainerServer:
         self._init_pid: int | None = None
         self._exit_code: int | None = None
         self._log_follower: subprocess.Popen | None = None
+        self._watchdog: subprocess.Popen | None = None
 
     # -- runtime commands
 
@@ -301,6 +335,12 @@ class ContainerServer:
             return None
         return json.loads(finished.stdout)
 
+    def _image_run(self) -> str | None:
+        finished = self._runtime("inspect", "--format", "{{.Image}}", self.container_id)
+        if finished.returncode != 0:
+            return None
+        return normal_image_id(finished.stdout)
+
     # -- the interface of LocalServer
 
     def start(self) -> None:
@@ -317,6 +357,8 @@ class ContainerServer:
             return
         self.container_id = finished.stdout.strip().splitlines()[-1]
         try:
+            # Removes the container should this runner be killed outright.
+            self._watchdog = container_watchdog.watch(self.runtime, self.container_id)
             self._watch_started_container()
         except BaseException:
             self.stop()  # started, never handed over: leave nothing behind
@@ -332,6 +374,7 @@ class ContainerServer:
                 stdout=server_log,
                 stderr=subprocess.STDOUT,
             )
+        self.image_run = self._image_run()
         state = self._state() or {}
         if state.get("Pid"):
             self._init_pid = state["Pid"]
@@ -501,6 +544,8 @@ class ContainerServer:
             finished.stderr.lower()
         ):
             log.warning("%s rm failed: %s", self.runtime, finished.stderr.strip())
+        if self._watchdog is not None:
+            container_watchdog.stop(self._watchdog)
 
     def _stop_log_follower(self) -> None:
         if self._log_follower is None:

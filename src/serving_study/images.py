@@ -43,7 +43,7 @@ EMBEDDED_PYTHON = "/opt/venv/bin/python"
 SERVING_STUDY_DIRECTORY = "serving-study"
 # The rule that makes each image's wheelhouse (rules/images.smk).
 WHEELHOUSE_RULES = {"embedded": "wheelhouse", "sglang-cpu": "wheelhouse_sglang_cpu"}
-PINNED_BY_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}$")
+PINNED_BY_DIGEST = re.compile(r"@sha256:[0-9a-f]{64}\Z")
 LABEL_PREFIX = "serving-study"
 BUILD_TIMEOUT_S = 3600
 
@@ -230,7 +230,7 @@ def build_command(
         command += ["--build-arg", f"{name}={value}"]
     for name, value in sorted(labels.items()):
         command += ["--label", f"{name}={value}"]
-    return command + [str(context)]
+    return command + ["--", str(context)]
 
 
 def engine_answers(runtime: str) -> str | None:
@@ -257,7 +257,7 @@ def engine_answers(runtime: str) -> str | None:
 def inspect_image(runtime: str, image_id: str) -> dict:
     """The runtime's ``image inspect`` record of one image."""
     finished = subprocess.run(
-        [runtime, "image", "inspect", image_id],
+        [runtime, "image", "inspect", "--", image_id],
         capture_output=True,
         text=True,
         timeout=120,

@@ -2,7 +2,8 @@
 
 The server is started through ``serving_study.cgroup_exec``, which joins the cgroup
 before exec, so every thread and child (scheduler, resource tracker) is born inside
-the quota. The client and the monitors stay in the caller's cgroup. Teardown is one
+the quota, and it is killed if the runner dies (``parent_death``). The client and
+the monitors stay in the caller's cgroup. Teardown is one
 ``stop()`` that always leaves nothing behind: the process group is terminated, then
 everything still in the cgroup is killed, the cgroup removed, and any shared-memory
 segment the server's processes created is unlinked and reported.
@@ -25,6 +26,7 @@ from pathlib import Path
 import psutil
 
 from serving_study.cgroups import CpuQuotaGroup, wrap_command
+from serving_study.parent_death import killed_with_parent
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +130,8 @@ class LocalServer:
                 stdout=server_log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                # A runner killed outright takes its server with it.
+                preexec_fn=killed_with_parent,
             )
         self.known_pids.add(self.process.pid)
         log.info(

@@ -20,7 +20,7 @@ from serving_study.sources import file_sha256
 
 REQUIRED_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
 WEIGHT_INDEX = "model.safetensors.index.json"
-COMMIT = re.compile(r"^[0-9a-f]{40}$")
+COMMIT = re.compile(r"[0-9a-f]{40}")
 # huggingface_hub keeps its download bookkeeping here inside a local_dir.
 HUB_BOOKKEEPING = ".cache"
 HUGGINGFACE_HUB_PIN = "huggingface_hub==2.4.0"
@@ -84,7 +84,7 @@ def pinned_revision(sglang_settings: dict) -> str:
             "pinned: set it to the model's Hub commit (40 hex digits), or set "
             "sglang.model_path to a local snapshot of the model"
         )
-    if not COMMIT.match(revision):
+    if not COMMIT.fullmatch(revision):
         raise ModelUnavailable(
             f"sglang.model_revision {revision!r} is not a commit: give the full "
             "40-hex-digit Hub commit, not a branch or tag"
@@ -126,7 +126,7 @@ def require_complete(path: Path, what: str) -> None:
 def local_commit(path: Path, revision: str | None) -> str | None:
     """The commit of a local snapshot when its place in a Hugging Face cache says
     (``.../snapshots/<commit>``), else None; it must match a pinned ``revision``."""
-    if path.parent.name != "snapshots" or not COMMIT.match(path.name):
+    if path.parent.name != "snapshots" or not COMMIT.fullmatch(path.name):
         return None
     commit = path.name
     if revision and commit != revision:

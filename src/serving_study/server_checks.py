@@ -7,12 +7,15 @@ adds the quota in force, the environment seen in the server, restarts and the
 client's limits. ``run_metrics`` turns the result into a run's reasons.
 """
 
+import os
+
 import psutil
 
+from serving_study.config_secrets import secret_names
 from serving_study.container_runtime import ContainerServer
 from serving_study.host import quota_cores
 from serving_study.local_runtime import LocalServer
-from serving_study.server_environment import redacted
+from serving_study.server_environment import redacted_check
 from serving_study.server_log_facts import (
     inline_fallback_reported,
     is_reported,
@@ -40,21 +43,29 @@ def validity_checks(
     window: dict,
     server: LocalServer | ContainerServer,
     identity: dict,
+    max_other_load_cores: float | None = None,
 ) -> dict:
+    """The facts the run's validity rests on; ``max_other_load_cores`` bounds the
+    host's other load during the window (None: not checked)."""
     quota = server.group.quota_in_force() if server.group else {}
+    # The arm's secrets are expected with the runner's values (what it passed on).
+    secrets = secret_names(arm)
     expected = dict(arm.get("environment", {}))
+    expected |= {name: os.environ.get(name) for name in secrets}
     reported = identity.pop("environment_reported", None)
     seen = environment_seen(server.pid, expected)
     if reported is not None:
         seen |= {name: reported.get(name) for name in expected if is_reported(name)}
+    expected_record, seen_record = redacted_check(expected, seen, secrets)
     return {
         "quota_expected_cores": quota_cores(arm),
         "quota_in_force_cores": quota.get("cores"),
-        "environment_expected": redacted(expected),
-        "environment_seen": redacted(seen),
+        "environment_expected": expected_record,
+        "environment_seen": seen_record,
         "server_restarted": bool(window.get("server_pids_changed")),
         "max_dispatch_lag_ms_allowed": client["max_dispatch_lag_ms"],
         "warmup_requests": client["warmup_requests"],
+        "max_other_load_cores_allowed": max_other_load_cores,
         **identity,
     }
 

@@ -6,7 +6,9 @@ and friends to every job. "Default threads" then really means PyTorch's default 
 this host, and a cap is exactly what the arm's ``environment`` says.
 """
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
+
+from serving_study.config_secrets import is_secret
 
 THREAD_SETTINGS = (
     "OMP_NUM_THREADS",
@@ -26,21 +28,38 @@ THREAD_SETTINGS = (
     "TORCH_NUM_THREADS",
 )
 
-# Parts of a variable's name that mark it secret: its value reaches the server but
-# never a log, a provenance file or the report.
-SECRET_NAME_PARTS = ("TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "API_KEY")
+# What records show of a secret's value (config_secrets.py): set, or set to another
+# value than the runner's.
+REDACTED = "<redacted>"
+REDACTED_OTHER = "<redacted: not the runner's value>"
 
 
-def is_secret(name: str) -> bool:
-    return any(part in name.upper() for part in SECRET_NAME_PARTS)
-
-
-def redacted(environment: Mapping[str, str]) -> dict[str, str]:
-    """The environment with every secret value replaced, for records."""
+def redacted(
+    environment: Mapping[str, str | None], secret_names: Collection[str] = ()
+) -> dict[str, str | None]:
+    """The environment with every secret value replaced (an unset one stays None),
+    for records: names that look secret, and the ones an arm passes as secrets."""
     return {
-        name: "<redacted>" if is_secret(name) else value
+        name: REDACTED
+        if value is not None and (is_secret(name) or name in secret_names)
+        else value
         for name, value in environment.items()
     }
+
+
+def redacted_check(
+    expected: Mapping[str, str | None],
+    seen: Mapping[str, str | None],
+    secret_names: Collection[str] = (),
+) -> tuple[dict, dict]:
+    """Both sides of an environment check, fit for records, that still compare
+    equal exactly when the values do: a secret the server holds with another value
+    shows as REDACTED_OTHER."""
+    seen_record = redacted(seen, secret_names)
+    for name, value in seen_record.items():
+        if value == REDACTED and seen[name] != expected.get(name):
+            seen_record[name] = REDACTED_OTHER
+    return redacted(expected, secret_names), seen_record
 
 
 def server_environment(
@@ -55,11 +74,15 @@ def server_environment(
     return environment
 
 
-def recorded_environment(environment: Mapping[str, str]) -> dict[str, str]:
-    """The settings worth recording in provenance: thread knobs and SGLANG_* flags."""
+def recorded_environment(
+    environment: Mapping[str, str], secret_names: Collection[str] = ()
+) -> dict[str, str]:
+    """The settings worth recording in provenance: thread knobs and SGLANG_* flags,
+    never a secret."""
     return {
         name: value
         for name, value in sorted(environment.items())
         if (name in THREAD_SETTINGS or name.startswith("SGLANG_"))
         and not is_secret(name)
+        and name not in secret_names
     }

@@ -13,6 +13,7 @@ never reaches the Hugging Face Hub (``HF_HUB_OFFLINE=1``).
 
 from pathlib import PurePosixPath
 
+from serving_study.config_secrets import secret_names
 from serving_study.container_runtime import container_name, run_command
 from serving_study.images import image_tag
 from serving_study.sglang_platform import (
@@ -24,10 +25,12 @@ from serving_study.sglang_platform import (
 SERVER_MODULE = "sglang.launch_server"
 CONTAINER_MODELS_DIRECTORY = PurePosixPath("/models")
 
-# Flags this module sets from config; extra arguments may not set them again, or
-# the last one on the command line would silently win over the config key.
+# Flags this module sets from config (and SGLang's aliases of them); extra arguments
+# may not set them again, or the last one on the command line would silently win
+# over the config key.
 FLAGS_FROM_CONFIG = {
     "--model-path": "sglang.model_path / sglang.model",
+    "--model": "sglang.model_path / sglang.model (SGLang's alias of --model-path)",
     "--host": "the runner (always 127.0.0.1)",
     "--port": "sglang.port",
     "--mm-feature-transport": "arms[].transport",
@@ -39,6 +42,11 @@ FLAGS_FROM_CONFIG = {
     "--device": "sglang.device",
     "--load-format": "the model (sglang.tiny_model loads dummy weights)",
     "--dtype": "the model (its config.json, or sglang.tiny_model.dtype)",
+}
+# Flags whose arguments no check of ours could see.
+FLAGS_HIDING_ARGUMENTS = {
+    "--config": "makes SGLang read more arguments from a file, where this check "
+    "cannot see them; list them here instead",
 }
 
 
@@ -110,9 +118,13 @@ def sglang_server_arguments(
             arguments += [flag, str(sglang_settings[key])]
     arguments += ["--served-model-name", served_model_name(sglang_settings)]
     extra = list(sglang_settings.get("extra_server_args", []))
-    _refuse_flags_from_config(extra, "sglang.extra_server_args")
     arm_arguments = list(arm.get("server_args", []))
-    _refuse_flags_from_config(arm_arguments, f"arms[{arm['name']}].server_args")
+    conflicts = server_argument_conflicts(extra, "sglang.extra_server_args")
+    conflicts += server_argument_conflicts(
+        arm_arguments, f"arms[{arm['name']}].server_args"
+    )
+    if conflicts:
+        raise ServerArgumentConflict("; ".join(conflicts))
     return arguments + extra + arm_arguments
 
 
@@ -163,14 +175,32 @@ def sglang_server_environment(
     return environment
 
 
-def _refuse_flags_from_config(arguments: list[str], where: str) -> None:
-    for argument in arguments:
-        flag = argument.split("=", 1)[0]
-        if flag in FLAGS_FROM_CONFIG:
-            raise ServerArgumentConflict(
-                f"{where} sets {flag}, which comes from {FLAGS_FROM_CONFIG[flag]}; "
-                "set it there instead"
+def server_argument_conflicts(arguments: list[str], where: str) -> list[str]:
+    """One line per argument that would set a flag of ``FLAGS_FROM_CONFIG`` or
+    ``FLAGS_HIDING_ARGUMENTS``, in any spelling SGLang's parser takes.
+
+    SGLang parses with argparse, which takes ``--flag value``, ``--flag=value`` and
+    any unambiguous prefix of ``--flag`` (``--hos=0.0.0.0``), so every ``--``
+    argument that is a prefix of such a flag is refused: one that is ambiguous
+    among SGLang's flags, SGLang refuses too. A single dash never abbreviates a
+    ``--`` flag.
+    """
+    why = {
+        flag: f"comes from {origin}; set it there instead"
+        for flag, origin in FLAGS_FROM_CONFIG.items()
+    } | FLAGS_HIDING_ARGUMENTS
+    conflicts = []
+    for position, argument in enumerate(arguments):
+        spelled = argument.split("=", 1)[0]
+        if not spelled.startswith("--") or spelled == "--":
+            continue
+        matches = [flag for flag in why if flag.startswith(spelled)]
+        if matches:
+            flag = spelled if spelled in why else matches[0]
+            conflicts.append(
+                f"{where}[{position}]: {argument!r} sets {flag}, which {why[flag]}"
             )
+    return conflicts
 
 
 def arm_launch_commands(
@@ -213,6 +243,7 @@ def arm_launch_commands(
             name=container_name(f"{experiment}-{arm['name']}"),
             label=f"{experiment}-{arm['name']}",
             environment=environment,
+            passed_environment=secret_names(arm),
             quota_cores=quota_cores if quota_during_startup else None,
             shm_size=None,
             ipc_host=True,
@@ -232,6 +263,8 @@ def arm_launch_commands(
         "server_argv": server_argv,
         "container_argv": container_argv,
         "environment": environment,
+        # Passed by name from the runner's environment; no value is written.
+        "secret_environment": list(secret_names(arm)),
         "model": {
             "name": model,
             "revision": sglang_settings.get("model_revision"),

@@ -26,8 +26,10 @@ import hashlib
 import json
 import logging
 import os
+import posixpath
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -43,6 +45,8 @@ logger = logging.getLogger(__name__)
 IDENTITY_FILE = "source.json"
 PACKAGE = "sglang"
 FULL_COMMIT = re.compile(r"[0-9a-f]{40}")
+# What a git source may pin (fullmatch): a sha, never a value git reads as an option.
+PINNED_COMMIT = re.compile(r"[0-9a-f]{7,40}")
 
 # Seconds before a network step counts as unreachable rather than slow.
 GIT_PROBE_TIMEOUT_S = 60
@@ -147,6 +151,11 @@ def _fetch_git(record: dict, staging: Path, download_dir: Path | None) -> dict:
     pin = record["git"]
     url, commit = pin["url"], pin["commit"]
     name = record["name"]
+    if not PINNED_COMMIT.fullmatch(commit):
+        raise SourceMismatch(
+            f"source {name!r}: git.commit {commit!r} is not a commit sha (7 to 40 "
+            "hex digits)"
+        )
     with tempfile.TemporaryDirectory(dir=staging.parent, prefix=".git-") as work:
         repository = Path(work)
         remote = _git_remote(url)
@@ -155,7 +164,9 @@ def _fetch_git(record: dict, staging: Path, download_dir: Path | None) -> dict:
         # A server gives a commit by sha only when the whole sha is asked for; an
         # abbreviated one (all the study published for B1's base) needs the history.
         fetched = (
-            _try_git(["fetch", "--quiet", "--depth=1", remote, commit], repository)
+            _try_git(
+                ["fetch", "--quiet", "--depth=1", "--", remote, commit], repository
+            )
             if FULL_COMMIT.fullmatch(commit)
             else None
         )
@@ -165,6 +176,7 @@ def _fetch_git(record: dict, staging: Path, download_dir: Path | None) -> dict:
                 [
                     "fetch",
                     "--quiet",
+                    "--",
                     remote,
                     "+refs/heads/*:refs/remotes/source/*",
                     "+refs/tags/*:refs/tags/*",
@@ -204,7 +216,13 @@ def _fetch_git(record: dict, staging: Path, download_dir: Path | None) -> dict:
             timeout=GIT_FETCH_TIMEOUT_S,
         )
         with tarfile.open(snapshot) as tar:
-            tar.extractall(staging, filter="data")
+            try:
+                tar.extractall(staging, filter="data")
+            except tarfile.FilterError as refused:
+                raise SourceMismatch(
+                    f"source {name!r}: the git archive of {commit} in {url} has a "
+                    f"member that would leave the tree: {refused}"
+                ) from None
     return {"kind": "git", "url": url, "commit": commit}
 
 
@@ -288,7 +306,7 @@ def fetch_pull_request_diff(
         )
         if not has_base:
             _try_git(
-                ["fetch", "--quiet", "--filter=blob:none", "origin", base_commit],
+                ["fetch", "--quiet", "--filter=blob:none", "--", "origin", base_commit],
                 repository,
                 timeout=GIT_FETCH_TIMEOUT_S,
             )
@@ -399,26 +417,48 @@ def _extract_package_sources(archive: Path, python_dir: Path) -> None:
                 "wheel or sdist."
             )
         prefix = min(markers, key=len) + f"{PACKAGE}/"
+        depth = len(PurePosixPath(prefix).parts)
         for name in names:
             if not name.startswith(prefix) or name.endswith(".pyc"):
                 continue
-            relative = PurePosixPath(PACKAGE, name[len(prefix) :])
-            if ".." in relative.parts:
-                raise SourceMismatch(f"{archive.name} has an unsafe member {name!r}")
-            target = python_dir.joinpath(*relative.parts)
+            # By parts: "sglang//etc/x" is sglang/etc/x, never /etc/x.
+            relative = PurePosixPath(name).parts[depth:]
+            if not relative:
+                continue
+            target = python_dir.joinpath(PACKAGE, *relative)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(read(name))
 
 
 @contextlib.contextmanager
 def _opened_archive(archive: Path) -> Iterator[tuple[list[str], Callable]]:
-    """Yield the names of a zip or tar archive's regular files and a reader of one."""
+    """Yield the names of a zip or tar archive's regular files and a reader of one.
+
+    Every member is checked first (``_refuse_leaving_member``), so an archive with
+    one that would leave the tree is refused before anything is written.
+    """
     if zipfile.is_zipfile(archive):
         with zipfile.ZipFile(archive) as bundle:
-            names = [info.filename for info in bundle.infolist() if not info.is_dir()]
+            names = []
+            for info in bundle.infolist():
+                # A zip stores a symlink as a file holding its target.
+                if stat.S_ISLNK(info.external_attr >> 16):
+                    target = bundle.read(info).decode(errors="replace")
+                    _refuse_leaving_member(archive, info.filename, symlink=target)
+                    continue
+                _refuse_leaving_member(archive, info.filename)
+                if not info.is_dir():
+                    names.append(info.filename)
             yield names, bundle.read
     elif tarfile.is_tarfile(archive):
         with tarfile.open(archive) as bundle:
+            for member in bundle.getmembers():
+                _refuse_leaving_member(
+                    archive,
+                    member.name,
+                    symlink=member.linkname if member.issym() else None,
+                    hardlink=member.linkname if member.islnk() else None,
+                )
             members = {
                 member.name.removeprefix("./"): member
                 for member in bundle.getmembers()
@@ -428,6 +468,34 @@ def _opened_archive(archive: Path) -> Iterator[tuple[list[str], Callable]]:
     else:
         raise SourceMismatch(
             f"{archive} is neither a zip (wheel) nor a tar (sdist) archive."
+        )
+
+
+def _refuse_leaving_member(
+    archive: Path,
+    name: str,
+    symlink: str | None = None,
+    hardlink: str | None = None,
+) -> None:
+    """Raise SourceMismatch, naming the archive and the member, when the member has
+    an absolute path or a ``..`` part, or is a link (a symlink's target is relative
+    to its folder, a hard link's to the archive's root) to outside the tree."""
+    why = None
+    if name.startswith("/"):
+        why = "its path is absolute"
+    elif ".." in PurePosixPath(name).parts:
+        why = "its path has a '..' part"
+    else:
+        for target, base in ((symlink, posixpath.dirname(name)), (hardlink, "")):
+            if target is None:
+                continue
+            resolved = posixpath.normpath(posixpath.join(base, target))
+            if target.startswith("/") or resolved.split("/")[0] == "..":
+                why = f"it links to {target!r}, outside the archive's tree"
+    if why:
+        raise SourceMismatch(
+            f"{archive.name} has an unsafe member {name!r} ({why}); nothing was "
+            "extracted"
         )
 
 
@@ -491,6 +559,7 @@ def _download_wheel(
             *index_options,
             "--dest",
             str(into),
+            "--",
             requirement,
         ]
         try:
@@ -589,7 +658,7 @@ def _git_remote(url: str) -> str:
 
 
 def _require_reachable(what: str, url: str, repository: Path) -> None:
-    probe = _try_git(["ls-remote", "--quiet", url, "HEAD"], repository)
+    probe = _try_git(["ls-remote", "--quiet", "--", url, "HEAD"], repository)
     if probe.returncode != 0:
         raise SourceUnavailable(
             f"{what}: cannot reach {url} ({_last_line(probe.stderr)}). If "

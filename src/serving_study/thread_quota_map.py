@@ -15,7 +15,6 @@ the server died, the row's remaining cells say so. Nothing invalid is drawn.
 """
 
 import logging
-import os
 import time
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from serving_study.arm_runner import (
     termination_as_interrupt,
     write_json,
 )
+from serving_study.leftovers import owned_name
 from serving_study.run_metrics import failed_run_metrics, summarize_run
 from serving_study.server_checks import server_identity, validity_checks
 from serving_study.server_environment import recorded_environment
@@ -109,7 +109,7 @@ def run_map_row(
     cells_dir.mkdir(parents=True, exist_ok=True)
     server_paths = RunPaths.in_directory(cells_dir)
     server_paths.server_log.write_text("")
-    group_name = f"{experiment}-map-{variant_name}-t{threads}-{os.getpid()}"
+    group_name = owned_name(f"{experiment}-map-{variant_name}-t{threads}")
     try:
         # On failure it has stopped its server already: nothing to tear down here.
         server, base_url = start_healthy_server(

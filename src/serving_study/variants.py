@@ -160,7 +160,7 @@ def apply_patch(patch_path: Path, tree: Path, shown_as: str | None = None) -> st
 
     def git_apply(*options: str) -> subprocess.CompletedProcess:
         return subprocess.run(
-            ["git", "apply", *options, str(patch_path)],
+            ["git", "apply", *options, "--", str(patch_path)],
             cwd=tree,
             capture_output=True,
             text=True,

@@ -1,0 +1,150 @@
+"""Where a process's CPU time goes, thread by thread, from /proc/<pid>/task/*/stat.
+
+`read_thread_cpu(pid)` takes a snapshot: each thread's name (its ``comm``, as set
+with ``prctl(PR_SET_NAME)``; OpenMP workers keep the name of the thread that made
+them) and its user and system CPU time in clock ticks. `later.since(earlier)` gives
+the CPU each thread used in between, split into the main thread (the one whose id is
+the pid: a server's event loop) and the others (an intra-op OpenMP team, say).
+
+The kernel keeps a thread's counters only while the thread exists: a thread that
+ended between two snapshots is missing from the difference, and one that started in
+between counts from zero.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass
+
+CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class ThreadCpu:
+    """One thread's CPU time in clock ticks: since it started, or over a window."""
+
+    thread_id: int
+    name: str
+    user_ticks: int
+    system_ticks: int
+
+    @property
+    def ticks(self) -> int:
+        return self.user_ticks + self.system_ticks
+
+    @property
+    def seconds(self) -> float:
+        return self.ticks / CLOCK_TICKS_PER_SECOND
+
+
+@dataclass(frozen=True)
+class ThreadCpuUsage:
+    """The CPU each thread of process `pid` used between two snapshots."""
+
+    pid: int
+    threads: tuple[ThreadCpu, ...]  # sorted by thread id; the main thread's is pid
+
+    @property
+    def main_thread(self) -> ThreadCpu | None:
+        """The thread whose id is the pid; None once it has exited."""
+        return next((t for t in self.threads if t.thread_id == self.pid), None)
+
+    @property
+    def main_thread_ticks(self) -> int:
+        main = self.main_thread
+        return 0 if main is None else main.ticks
+
+    @property
+    def other_threads_ticks(self) -> int:
+        return self.total_ticks - self.main_thread_ticks
+
+    @property
+    def total_ticks(self) -> int:
+        return sum(thread.ticks for thread in self.threads)
+
+    @property
+    def other_threads_share(self) -> float | None:
+        """The other threads' part of the process's CPU; None when it used none."""
+        total = self.total_ticks
+        return self.other_threads_ticks / total if total else None
+
+    def ticks_by_name(self) -> dict[str, int]:
+        """Ticks summed over the threads of each name."""
+        by_name: Counter[str] = Counter()
+        for thread in self.threads:
+            by_name[thread.name] += thread.ticks
+        return dict(by_name)
+
+
+@dataclass(frozen=True)
+class ThreadCpuSnapshot:
+    """Every thread of process `pid` and its CPU time so far, read at one moment."""
+
+    pid: int
+    threads: dict[int, ThreadCpu]  # by thread id
+
+    def since(self, earlier: ThreadCpuSnapshot) -> ThreadCpuUsage:
+        """The CPU each thread alive now used after `earlier` was read."""
+        if earlier.pid != self.pid:
+            raise ValueError(
+                f"snapshots of different processes: {earlier.pid} and {self.pid}"
+            )
+        used = []
+        for thread_id, now in sorted(self.threads.items()):
+            before = earlier.threads.get(thread_id)
+            # A counter that went backwards belongs to a new thread under a reused id.
+            if (
+                before is not None
+                and before.user_ticks <= now.user_ticks
+                and before.system_ticks <= now.system_ticks
+            ):
+                now = ThreadCpu(
+                    thread_id,
+                    now.name,
+                    now.user_ticks - before.user_ticks,
+                    now.system_ticks - before.system_ticks,
+                )
+            used.append(now)
+        return ThreadCpuUsage(self.pid, tuple(used))
+
+
+def parse_task_stat(thread_id: int, stat: bytes) -> ThreadCpu:
+    """A thread's name and CPU ticks from the text of its /proc/.../stat file."""
+    # The name sits in parentheses and may itself hold spaces and parentheses.
+    name_start, name_end = stat.index(b"("), stat.rindex(b")")
+    # After the name: state, then (counting from 0) utime at 11 and stime at 12.
+    fields = stat[name_end + 2 :].split()
+    return ThreadCpu(
+        thread_id=thread_id,
+        name=stat[name_start + 1 : name_end].decode(errors="replace"),
+        user_ticks=int(fields[11]),
+        system_ticks=int(fields[12]),
+    )
+
+
+def read_thread_cpu(pid: int) -> ThreadCpuSnapshot:
+    """Snapshot the threads of `pid`; ProcessLookupError when it does not exist."""
+    # Plain os calls on string paths: an OpenMP team can be hundreds of threads.
+    task_directory = f"/proc/{pid}/task/"
+    try:
+        thread_ids = os.listdir(task_directory)
+    except FileNotFoundError:
+        raise ProcessLookupError(
+            f"no process {pid} ({task_directory} is gone)"
+        ) from None
+    threads = {}
+    for thread_id in thread_ids:
+        try:
+            descriptor = os.open(f"{task_directory}{thread_id}/stat", os.O_RDONLY)
+        except FileNotFoundError:
+            continue  # the thread ended while the directory was read
+        try:
+            stat = os.read(descriptor, 4096)
+        except ProcessLookupError:
+            stat = b""
+        finally:
+            os.close(descriptor)
+        if stat:  # empty (or ESRCH) when the thread ended after the open
+            threads[int(thread_id)] = parse_task_stat(int(thread_id), stat)
+    return ThreadCpuSnapshot(pid, threads)

@@ -1,0 +1,317 @@
+"""A runner killed outright leaves nothing that lasts.
+
+Its server dies with it (parent-death signal), a container's watchdog removes
+the container, and what is left (cgroups, containers, shared-memory segments)
+is found by its dead owner and removed by the next sweep; what a live process
+owns is never touched. Real processes, real cgroups (root) and real files.
+"""
+
+import json
+import mmap
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from serving_study.cgroups import (
+    CpuQuotaGroup,
+    QuotaUnavailable,
+    project_group_directories,
+    wrap_command,
+)
+from serving_study.leftovers import (
+    Reaped,
+    alive,
+    owned_name,
+    owner_of,
+    reap_containers,
+    reap_groups,
+    reap_leftovers,
+    reap_segments,
+)
+
+
+def cgroups_usable() -> str | None:
+    if os.geteuid() != 0:
+        return "creating cgroups needs root"
+    try:
+        probe = CpuQuotaGroup.create(f"probe-{uuid.uuid4().hex[:8]}", None)
+    except QuotaUnavailable as error:
+        return f"no writable CPU cgroup: {error}"
+    probe.remove()
+    return None
+
+
+needs_cgroups = pytest.mark.skipif(
+    (reason := cgroups_usable()) is not None, reason=reason or ""
+)
+
+
+def dead_pid() -> int:
+    """The pid of a process that has exited (and been reaped)."""
+    process = subprocess.Popen([sys.executable, "-c", "pass"])
+    process.wait()
+    return process.pid
+
+
+def wait_until(condition, timeout_s: float = 30) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(0.1)
+    return condition()
+
+
+def started_parent(script: str, *arguments: str) -> tuple[subprocess.Popen, str]:
+    """A Python parent running ``script``; returns it and its first output line."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", script, *arguments],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    line = parent.stdout.readline().strip()
+    assert line, "the parent printed nothing"
+    return parent, line
+
+
+def kill(parent: subprocess.Popen) -> None:
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+
+
+# --- Owners ----------------------------------------------------------------------
+
+
+def test_the_owner_is_read_back_past_the_suffixes_a_run_adds():
+    name = owned_name("exp-A-run1", owner_pid=4321)
+    assert owner_of(name) == 4321
+    assert owner_of(f"{name}-try2") == 4321
+    assert owner_of(f"{name}-try2-model") == 4321
+    # An arm or experiment that happens to be called owner<N> comes before it.
+    assert owner_of(owned_name("owner7-owner8-run1", owner_pid=99) + "-try1") == 99
+    assert owned_name("x").endswith(f"-owner{os.getpid()}")
+
+
+def test_names_without_an_owner_mark_have_no_owner():
+    # Numbers alone are not owners: a test's uuid suffix may be all digits.
+    for name in ("test-12345678", "preflight-12", "scope-test-server-77", "owner"):
+        assert owner_of(name) is None
+
+
+def test_a_zombie_or_an_exited_process_is_not_alive():
+    assert alive(os.getpid())
+    assert not alive(dead_pid())
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])
+    assert wait_until(lambda: psutil.Process(zombie.pid).status() == "zombie")
+    assert not alive(zombie.pid)
+    zombie.wait()
+
+
+# --- Segments ----------------------------------------------------------------------
+
+
+@pytest.fixture
+def shm_dir():
+    """A directory on /dev/shm's own tmpfs (the kernel reports mappings there by
+    the file's own device and inode), standing in for /dev/shm itself."""
+    directory = Path("/dev/shm") / f"serving-study-test-{uuid.uuid4().hex[:8]}"
+    directory.mkdir()
+    yield directory
+    shutil.rmtree(directory)
+
+
+def test_only_segments_nobody_owns_are_unlinked(shm_dir):
+    gone = dead_pid()
+    names = {
+        "dead creator": f"sgl_shm_mm_{gone}_0a1b2c3d",
+        "live creator": f"sgl_shm_mm_{os.getpid()}_0a1b2c3d",
+        "unheld semaphore": "sem.mp-unheld1",
+        "open semaphore": "sem.mp-open1",
+        "mapped semaphore": "sem.mp-mapped1",
+        "unheld load report": "sglang_loads_default_1234abcd.shm",
+        "python's unnamed segment": "psm_0a1b2c3d",
+        "someone else's file": "other-tool.shm",
+    }
+    for name in names.values():
+        (shm_dir / name).write_bytes(b"\0" * 4096)
+    # Held by a live process: open, or only mapped (the descriptor closed).
+    opened = open(shm_dir / names["open semaphore"], "rb")
+    with open(shm_dir / names["mapped semaphore"], "r+b") as file:
+        mapped = mmap.mmap(file.fileno(), 4096)
+    try:
+        reaped = Reaped()
+        reap_segments(shm_dir, reaped)
+    finally:
+        opened.close()
+        mapped.close()
+    removed = {"dead creator", "unheld semaphore", "unheld load report"}
+    assert sorted(reaped.segments) == sorted(names[what] for what in removed)
+    left = {path.name for path in shm_dir.iterdir()}
+    assert left == {name for what, name in names.items() if what not in removed}
+
+
+def test_a_dead_creators_segment_still_mapped_by_a_live_process_stays(shm_dir):
+    """A scheduler still reading it, or a container's pid that means another
+    process here: the mapping is what counts."""
+    name = f"sgl_shm_mm_{dead_pid()}_0a1b2c3d"
+    (shm_dir / name).write_bytes(b"\0" * 4096)
+    with open(shm_dir / name, "r+b") as file:
+        mapped = mmap.mmap(file.fileno(), 4096)
+    try:
+        reaped = Reaped()
+        reap_segments(shm_dir, reaped)
+    finally:
+        mapped.close()
+    assert reaped.segments == []
+    assert (shm_dir / name).exists()
+
+
+# --- Cgroups and servers (root) ------------------------------------------------------
+
+
+@needs_cgroups
+def test_a_dead_owners_group_is_emptied_and_removed_a_live_owners_kept():
+    dead = CpuQuotaGroup.create(
+        owned_name(f"reap-{uuid.uuid4().hex[:8]}", dead_pid()), None
+    )
+    live = CpuQuotaGroup.create(owned_name(f"reap-{uuid.uuid4().hex[:8]}"), None)
+    straggler = subprocess.Popen(wrap_command(dead, ["sleep", "600"]))
+    try:
+        assert wait_until(lambda: straggler.pid in dead.pids())
+        reaped = Reaped()
+        reap_groups(reaped)
+        assert str(dead.cpu_directory) in reaped.cgroups
+        assert straggler.pid in reaped.processes
+        assert straggler.wait(timeout=30) == -signal.SIGKILL
+        assert not any(directory.exists() for directory in dead.directories())
+        assert str(live.cpu_directory) not in reaped.cgroups
+        assert live.cpu_directory.exists()
+    finally:
+        if straggler.poll() is None:
+            straggler.kill()
+            straggler.wait()
+        dead.remove()
+        live.remove()
+
+
+RUNNER = """
+import json, os, sys, time
+from pathlib import Path
+from serving_study.leftovers import owned_name
+from serving_study.local_runtime import LocalServer
+
+server = LocalServer(
+    ["sleep", "600"], dict(os.environ), 0.5, owned_name("killed-runner"),
+    Path(sys.argv[1]),
+)
+server.start()
+print(json.dumps({"server": server.pid, "group": str(server.group.cpu_directory)}),
+      flush=True)
+time.sleep(600)
+"""
+
+
+@needs_cgroups
+def test_a_killed_runners_server_dies_with_it_and_its_group_is_reaped(tmp_path):
+    runner, line = started_parent(RUNNER, str(tmp_path / "server.log"))
+    started = json.loads(line)
+    group = Path(started["group"])
+    try:
+        assert psutil.pid_exists(started["server"])
+        kill(runner)
+        # The parent-death signal: no teardown ran, yet the server is gone.
+        assert wait_until(lambda: not alive(started["server"]))
+        assert group.exists(), "nothing but the sweep removes the dead run's group"
+        assert group in project_group_directories()
+        reaped = reap_leftovers()
+        assert str(group) in reaped.cgroups
+        assert not group.exists()
+    finally:
+        if runner.poll() is None:
+            kill(runner)
+        if alive(started["server"]):
+            os.kill(started["server"], signal.SIGKILL)
+
+
+# --- Containers (a stand-in runtime that records what it is asked) -----------------
+
+FAKE_RUNTIME = """#!/bin/sh
+echo "$@" >> "{calls}"
+case "$1" in
+  ps) printf 'c1\\nc2\\n' ;;
+  inspect) printf 'c1 {dead} /serving-study-exp-A-run1-owner{dead}-try1\\n'
+           printf 'c2 {live} /serving-study-exp-B-run1-owner{live}-try1\\n' ;;
+esac
+"""
+
+
+def fake_runtime(tmp_path: Path, dead: int, live: int) -> tuple[str, Path]:
+    calls = tmp_path / "calls.txt"
+    runtime = tmp_path / "fake-docker"
+    runtime.write_text(FAKE_RUNTIME.format(calls=calls, dead=dead, live=live))
+    runtime.chmod(0o755)
+    return str(runtime), calls
+
+
+def test_only_containers_whose_runner_is_gone_are_removed(tmp_path):
+    gone = dead_pid()
+    runtime, calls = fake_runtime(tmp_path, gone, os.getpid())
+    reaped = Reaped()
+    reap_containers(runtime, reaped)
+    assert reaped.containers == [f"serving-study-exp-A-run1-owner{gone}-try1"]
+    removals = [
+        line for line in calls.read_text().splitlines() if line.startswith("rm")
+    ]
+    assert removals == ["rm --force --volumes -- c1"]
+    assert reaped.problems == []
+
+
+def test_a_runtime_that_does_not_answer_is_a_problem_not_an_error(tmp_path):
+    reaped = Reaped()
+    reap_containers(str(tmp_path / "no-such-runtime"), reaped)
+    assert reaped.containers == []
+    assert len(reaped.problems) == 1
+
+
+WATCHED = """
+import sys, time
+from serving_study.container_watchdog import watch
+watchdog = watch(sys.argv[1], "container-under-watch")
+print(watchdog.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_watchdog_removes_the_container_when_its_runner_is_killed(tmp_path):
+    runtime, calls = fake_runtime(tmp_path, 1, 1)
+    runner, watchdog_pid = started_parent(WATCHED, runtime)
+    try:
+        time.sleep(0.5)
+        assert not calls.exists(), "the watchdog acts only once the runner is gone"
+        kill(runner)
+        assert wait_until(calls.exists)
+        assert calls.read_text().splitlines() == [
+            "rm --force --volumes -- container-under-watch"
+        ]
+        assert wait_until(lambda: not alive(int(watchdog_pid)))
+    finally:
+        if runner.poll() is None:
+            kill(runner)
+
+
+def test_a_watchdog_stopped_by_its_runner_removes_nothing(tmp_path):
+    from serving_study.container_watchdog import stop, watch
+
+    runtime, calls = fake_runtime(tmp_path, 1, 1)
+    watchdog = watch(runtime, "container-under-watch")
+    stop(watchdog)
+    assert watchdog.returncode == -signal.SIGKILL
+    assert not calls.exists()

@@ -1,0 +1,336 @@
+"""Secrets go nowhere: a config that holds one is refused before anything reads it,
+and a secret an arm names reaches its server from the runner's environment but no
+file: not the results, not the logs, not Snakemake's own records in .snakemake/."""
+
+import copy
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+from study_helpers import snakemake_command
+
+from serving_study.arm_runner import RunPaths, run_arm
+from serving_study.config import ConfigError, check_config
+from serving_study.config_secrets import SecretNotSet, has_credentials, is_secret
+from serving_study.container_runtime import run_command
+from serving_study.host import unmet_needs
+from serving_study.server_environment import REDACTED, redacted_check
+from serving_study.sglang_commands import arm_launch_commands
+from serving_study.sglang_platform import GPU_PLATFORM
+
+ROOT = Path(__file__).resolve().parents[1]
+SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"
+TEST_CONFIG = ROOT / "config" / "test" / "config.yaml"
+CANARY = "sk-serving-study-canary-1234"
+# Passed under a name that does not look secret: only secret_environment says so.
+PLAIN_NAME, PLAIN_NAME_CANARY = "STUDY_PROBE_VALUE", "serving-study-canary-5678"
+CANARIES = (CANARY.encode(), PLAIN_NAME_CANARY.encode())
+
+
+def shipped(name: str) -> dict:
+    return yaml.safe_load((ROOT / name).read_text())
+
+
+def check(config: dict) -> dict:
+    return check_config(config, SCHEMA, ["bad.yaml"], ROOT)
+
+
+def files_holding_a_canary(directory: Path) -> list[str]:
+    return [
+        str(path.relative_to(directory))
+        for path in directory.rglob("*")
+        if path.is_file()
+        and not path.is_symlink()
+        and any(canary in path.read_bytes() for canary in CANARIES)
+    ]
+
+
+# --- What is a secret ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "OPENAI_API_KEY", "AWS_SECRET_ACCESS_KEY"]
+    + ["--api-key", "--admin-api-key", "--ssl-keyfile-password", "DB_PASSWORD"],
+)
+def test_secret_names(name):
+    assert is_secret(name)
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["TOKENIZERS_PARALLELISM", "OMP_NUM_THREADS", "SGLANG_VLM_CACHE_SIZE_MB"]
+    + ["--max-total-tokens", "--tokenizer-path", "--ssl-keyfile", "KEYBOARD"],
+)
+def test_names_that_only_look_alike_are_not_secrets(name):
+    assert not is_secret(name)
+
+
+def test_urls_with_credentials():
+    assert has_credentials(f"https://user:{CANARY}@github.com/sgl-project/sglang")
+    assert has_credentials(f"https://{CANARY}@github.com/sgl-project/sglang")
+    assert has_credentials(f"--proxy=http://user:{CANARY}@proxy:3128")
+    assert has_credentials(f"ssh://git:{CANARY}@example.org/sglang.git")
+    assert not has_credentials("ssh://git@github.com/sgl-project/sglang.git")
+    assert not has_credentials("git@github.com:sgl-project/sglang.git")
+    assert not has_credentials("https://github.com/sgl-project/sglang.git")
+    assert not has_credentials("/srv/git/sglang")
+
+
+# --- A config that holds a secret is refused --------------------------------------
+
+
+def plant_everywhere(config: dict) -> dict:
+    """``config`` with the canary in every place a config can hold a secret."""
+    config = copy.deepcopy(config)
+    config["arms"][0]["environment"] = {
+        "HF_TOKEN": CANARY,
+        "HTTPS_PROXY": f"http://study:{CANARY}@proxy.example:3128",
+    }
+    config["arms"][1]["server_args"] = [f"--admin-api-key={CANARY}"]
+    config.setdefault("sglang", {})["extra_server_args"] = ["--api-key", CANARY]
+    config["sources"].append(
+        {
+            "name": "private-fork",
+            "git": {
+                "url": f"https://study:{CANARY}@github.com/study/sglang.git",
+                "commit": "0" * 40,
+            },
+        }
+    )
+    config["bisect"] = {
+        "repository": f"https://{CANARY}@github.com/study/sglang.git",
+        "good": "v0.5.9",
+        "bad": "v0.5.10",
+        "arm": config["arms"][0]["name"],
+    }
+    return config
+
+
+PLANTED_KEYS = (
+    "arms[0].environment.HF_TOKEN",
+    "arms[0].environment.HTTPS_PROXY",
+    "arms[1].server_args[0]: --admin-api-key",
+    "sglang.extra_server_args[0]: --api-key",
+    "sources[1].git.url",
+    "bisect.repository",
+)
+
+
+def test_every_planted_secret_is_named_and_none_is_repeated():
+    with pytest.raises(ConfigError) as raised:
+        check(plant_everywhere(shipped("config/test/config.yaml")))
+    lines = str(raised.value).splitlines()
+    assert CANARY not in str(raised.value)
+    for key in PLANTED_KEYS:
+        assert [line for line in lines if line.startswith(f"bad.yaml: {key}")], key
+    assert len(lines) == len(PLANTED_KEYS)
+    assert "list HF_TOKEN under arms[0].secret_environment" in str(raised.value)
+
+
+def test_names_of_secrets_and_look_alikes_are_accepted():
+    config = shipped("config/test/config.yaml")
+    config["arms"][0]["secret_environment"] = ["HF_TOKEN", PLAIN_NAME]
+    config["arms"][0]["environment"] = {"TOKENIZERS_PARALLELISM": "false"}
+    config["sources"][0] = {
+        "name": config["sources"][0]["name"],
+        "git": {
+            "url": "ssh://git@github.com/sgl-project/sglang.git",
+            "commit": "a" * 40,
+        },
+    }
+    checked = check(config)
+    assert checked["arms"][0]["secret_environment"] == ["HF_TOKEN", PLAIN_NAME]
+    assert checked["arms"][1]["secret_environment"] == []
+
+
+def test_a_variable_is_either_set_or_passed():
+    config = shipped("config/test/config.yaml")
+    config["arms"][0]["environment"] = {PLAIN_NAME: "1"}
+    config["arms"][0]["secret_environment"] = [PLAIN_NAME]
+    with pytest.raises(ConfigError, match=r"arms\[0\].secret_environment: "):
+        check(config)
+
+
+def test_snakemake_refuses_a_config_with_secrets_and_writes_nothing_of_them(
+    tmp_path,
+):
+    bad = tmp_path / "with-secrets.yaml"
+    bad.write_text(yaml.safe_dump(plant_everywhere(shipped("config/test/config.yaml"))))
+    workdir = tmp_path / "study"
+    workdir.mkdir()
+    finished = subprocess.run(
+        snakemake_command(workdir, "--cores", "1", "all", config=bad),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert finished.returncode != 0
+    for key in PLANTED_KEYS:
+        assert f"{bad}: {key}" in finished.stderr
+    assert CANARY not in finished.stdout + finished.stderr
+    assert not (workdir / "results").exists()
+    assert files_holding_a_canary(workdir) == []
+
+
+# --- Secrets by name: commands, containers, records, preflight ---------------------
+
+
+def test_a_container_gets_a_secret_by_name_only():
+    argv = run_command(
+        runtime="docker",
+        image="sha256:" + "a" * 64,
+        command=["true"],
+        name="n",
+        label="n",
+        environment={"OMP_NUM_THREADS": "8"},
+        passed_environment=["HF_TOKEN", PLAIN_NAME],
+        quota_cores=None,
+        shm_size="1024m",
+    )
+    environment = [argv[i + 1] for i, item in enumerate(argv) if item == "--env"]
+    assert environment == ["OMP_NUM_THREADS=8", "HF_TOKEN", PLAIN_NAME]
+
+
+def test_launch_commands_name_the_arms_secrets():
+    config = check(shipped("config/p4.yaml"))
+    arm = config["arms"][0] | {"secret_environment": ["HF_TOKEN"]}
+    launch = arm_launch_commands(
+        experiment="p4",
+        arm=arm,
+        sglang_settings=config["sglang"],
+        runtime="docker",
+        model_host_path="/data/qwen",
+        quota_during_startup=False,
+        platform=GPU_PLATFORM,
+    )
+    container = launch["container_argv"]
+    assert container[container.index("HF_TOKEN") - 1] == "--env"
+    assert launch["secret_environment"] == ["HF_TOKEN"]
+    assert "HF_TOKEN" not in launch["environment"]
+
+
+def test_records_show_that_a_secret_arrived_never_its_value():
+    expected = {"OMP_NUM_THREADS": "1", "HF_TOKEN": CANARY, PLAIN_NAME: "x"}
+    arrived = {"OMP_NUM_THREADS": "1", "HF_TOKEN": CANARY, PLAIN_NAME: "x"}
+    assert redacted_check(expected, arrived, [PLAIN_NAME]) == (
+        {"OMP_NUM_THREADS": "1", "HF_TOKEN": REDACTED, PLAIN_NAME: REDACTED},
+        {"OMP_NUM_THREADS": "1", "HF_TOKEN": REDACTED, PLAIN_NAME: REDACTED},
+    )
+    wrong = {"OMP_NUM_THREADS": "1", "HF_TOKEN": "another", PLAIN_NAME: None}
+    recorded_expected, recorded_seen = redacted_check(expected, wrong, [PLAIN_NAME])
+    assert recorded_seen["HF_TOKEN"] not in (REDACTED, "another", CANARY)
+    assert recorded_seen[PLAIN_NAME] is None
+    assert recorded_expected[PLAIN_NAME] == REDACTED
+
+
+def test_preflight_refuses_a_host_without_the_arms_secrets(monkeypatch):
+    monkeypatch.delenv(PLAIN_NAME, raising=False)
+    arms = [
+        {"name": "A", "cpu_quota": "none", "secret_environment": [PLAIN_NAME]},
+        {"name": "B", "cpu_quota": "none"},
+    ]
+    engine = {"engine": "embedded", "runtime": "local"}
+    host = {"shared_memory_free_mib": None}
+    needs = unmet_needs(host, engine, arms)
+    assert len(needs) == 1 and f"arm A passes {PLAIN_NAME}" in needs[0]
+    monkeypatch.setenv(PLAIN_NAME, PLAIN_NAME_CANARY)
+    assert unmet_needs(host, engine, arms) == []
+
+
+def test_the_runner_starts_nothing_without_a_named_secret(monkeypatch, tmp_path):
+    monkeypatch.delenv(PLAIN_NAME, raising=False)
+    arm = {"name": "A", "cpu_quota": "none", "secret_environment": [PLAIN_NAME]}
+    with pytest.raises(SecretNotSet, match=f"arm A passes {PLAIN_NAME}"):
+        run_arm(
+            experiment="secrets",
+            arm=arm,
+            run=1,
+            variant={},
+            workload_manifest=tmp_path / "no-manifest.json",
+            engine={"engine": "embedded", "runtime": "local"},
+            client={},
+            monitors={},
+            paths=RunPaths.in_directory(tmp_path),
+        )
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- Whole studies: the secrets reach the servers and no file ----------------------
+
+
+def study_with_secrets(tmp_path: Path, base: Path) -> tuple[Path, Path]:
+    """(working directory, config): ``base`` with one arm that names two secrets."""
+    config = shipped(str(base.relative_to(ROOT)))
+    arm = config["arms"][0] | {"secret_environment": ["HF_TOKEN", PLAIN_NAME]}
+    config |= {"arms": [arm], "claims": []}
+    path = tmp_path / "with-secret-names.yaml"
+    path.write_text(yaml.safe_dump(config))
+    workdir = tmp_path / "study"
+    workdir.mkdir()
+    return workdir, path
+
+
+def run_study_with_secrets(workdir: Path, config: Path) -> dict:
+    """Run ``all`` with the canaries in Snakemake's environment; the arm's checks."""
+    finished = subprocess.run(
+        snakemake_command(workdir, "--cores", "1", "all", config=config),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=os.environ | {"HF_TOKEN": CANARY, PLAIN_NAME: PLAIN_NAME_CANARY},
+    )
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    assert not any(
+        canary.decode() in finished.stdout + finished.stderr for canary in CANARIES
+    )
+    settings = yaml.safe_load(config.read_text())
+    run = workdir / "results" / settings["experiment"] / settings["arms"][0]["name"]
+    run /= "run1"
+    return json.loads((run / "metrics.json").read_text())
+
+
+def assert_delivered_and_nowhere(workdir: Path, metrics: dict) -> None:
+    # The runner compared the values in the server's own environment with its own:
+    # a wrong or missing one would show here and among the run's invalid reasons.
+    # (Whether the run is valid also depends on how busy the host was.)
+    assert not [
+        reason
+        for reason in metrics.get("invalid_reasons", [])
+        if "HF_TOKEN" in reason or PLAIN_NAME in reason
+    ]
+    assert metrics["checks"]["environment_seen"] == {
+        "HF_TOKEN": REDACTED,
+        PLAIN_NAME: REDACTED,
+    }
+    assert (workdir / ".snakemake").is_dir()
+    assert files_holding_a_canary(workdir) == []
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    os.geteuid() != 0, reason="the arms' CPU quota is a cgroup only root can create"
+)
+def test_a_study_passes_secrets_to_its_server_and_writes_them_nowhere(tmp_path):
+    workdir, config = study_with_secrets(tmp_path, TEST_CONFIG)
+    metrics = run_study_with_secrets(workdir, config)
+    assert_delivered_and_nowhere(workdir, metrics)
+
+
+@pytest.mark.slow
+@pytest.mark.docker
+def test_a_study_in_containers_passes_secrets_by_name_and_writes_them_nowhere(
+    docker_engine, tmp_path
+):
+    workdir, config = study_with_secrets(tmp_path, ROOT / "config/test/docker.yaml")
+    metrics = run_study_with_secrets(workdir, config)
+    assert_delivered_and_nowhere(workdir, metrics)
+    provenance = json.loads(
+        (workdir / "results/test-docker/original/run1/provenance.json").read_text()
+    )
+    argv = provenance["container_argv"]
+    assert argv[argv.index("HF_TOKEN") - 1] == "--env"
+    assert argv[argv.index(PLAIN_NAME) - 1] == "--env"
