@@ -7,6 +7,7 @@ from pathlib import Path
 
 from serving_study.arm_runner import RunPaths, run_arm
 from serving_study.host_sharing import HostSharing
+from serving_study.run_provenance import run_provenance
 from serving_study.sglang_commands import model_flags
 
 sys.stderr = open(snakemake.log[0], "w")
@@ -29,16 +30,22 @@ if snakemake.input.runtime:
     runtime = json.loads(Path(snakemake.input.runtime[0]).read_text())
     engine["runtime_python"] = runtime["python"]
 
+variant = json.loads(Path(snakemake.input.variant).read_text())
+traced_to = run_provenance(
+    snakemake.config, json.loads(Path(snakemake.input.host).read_text()), variant
+)
+
 run_arm(
     experiment=snakemake.wildcards.experiment,
     arm=dict(snakemake.params.arm),
     run=int(snakemake.wildcards.run),
-    variant=json.loads(Path(snakemake.input.variant).read_text()),
+    variant=variant,
     workload_manifest=Path(snakemake.input.workload),
     engine=engine,
     client=dict(snakemake.params.client),
     monitors=dict(snakemake.params.monitors),
     sharing=HostSharing.from_config(dict(snakemake.params.sharing)),
+    traced_to=traced_to,
     paths=RunPaths(
         metrics=Path(snakemake.output.metrics),
         requests=Path(snakemake.output.requests),

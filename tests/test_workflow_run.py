@@ -7,6 +7,7 @@ and Snakemake's own report. Needs root for the cgroup quota.
 
 import json
 import os
+import platform
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
@@ -54,6 +55,31 @@ def test_every_run_is_measured_and_valid(finished_study):
         provenance = json.loads((run / "provenance.json").read_text())
         assert provenance["variant"]["name"] == arm
         assert provenance["leaked_segments_removed"] == []
+
+
+def test_every_run_can_be_traced_to_its_code_config_and_host(finished_study):
+    results = finished_study / "results" / EXPERIMENT
+    head = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    host = json.loads((results / "host.json").read_text())
+    records = {
+        arm: json.loads((results / arm / "run1" / "provenance.json").read_text())
+        for arm in ("original", "patched")
+    }
+    for arm, record in records.items():
+        assert record["project"]["commit"] == head
+        assert record["project"]["dirty"] in (True, False)
+        assert record["host"] == host
+        assert record["versions"]["python"] == platform.python_version()
+        engine = record["versions"]["engine"]
+        assert (engine["package"], engine["version"]) == ("sglang", "0.5.23")
+        assert (engine["patch"] is None) == (arm == "original")
+    hashes = {record["config_sha256"] for record in records.values()}
+    assert len(hashes) == 1 and len(hashes.pop()) == 64
 
 
 def test_quota_and_threads_are_what_the_arm_asked_for(finished_study):

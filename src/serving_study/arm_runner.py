@@ -406,8 +406,12 @@ def run_arm(
     monitors: dict,
     paths: RunPaths,
     sharing: HostSharing | None = None,
+    traced_to: dict | None = None,
 ) -> dict:
     """Run one (arm, run) and write all its outputs; return its metrics.
+
+    ``traced_to`` goes into the run's provenance as it is: the project's commit,
+    the config's hash, the host and the versions (run_provenance.py).
 
     The run holds the host's measurement lock (``sharing``: the config's
     ``host_sharing``, the schema's defaults when None) from before its server
@@ -435,6 +439,7 @@ def run_arm(
         "engine": engine,
         "started_at": started_at,
         "host_lock": lock.record,
+        **(traced_to or {}),
     }
     server = None
     inline_images = 0

@@ -1,0 +1,50 @@
+"""What ties a run record to its code and config, on real inputs."""
+
+import subprocess
+
+from serving_study.run_provenance import config_sha256, project_commit
+
+
+def git(directory, *arguments):
+    subprocess.run(
+        ["git", "-C", str(directory), *arguments],
+        check=True,
+        capture_output=True,
+        env={
+            "GIT_AUTHOR_NAME": "t",
+            "GIT_AUTHOR_EMAIL": "t@example.org",
+            "GIT_COMMITTER_NAME": "t",
+            "GIT_COMMITTER_EMAIL": "t@example.org",
+            "PATH": "/usr/bin:/bin",
+        },
+    )
+
+
+def test_the_commit_and_a_dirty_tree_are_seen(tmp_path):
+    git(tmp_path, "init", "-q")
+    (tmp_path / "a.txt").write_text("one\n")
+    git(tmp_path, "add", "a.txt")
+    git(tmp_path, "commit", "-q", "-m", "first")
+    head = subprocess.run(
+        ["git", "-C", str(tmp_path), "rev-parse", "HEAD"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert project_commit(tmp_path) == {"commit": head, "dirty": False}
+    (tmp_path / "untracked.txt").write_text("not part of the tree\n")
+    assert project_commit(tmp_path)["dirty"] is False
+    (tmp_path / "a.txt").write_text("two\n")
+    assert project_commit(tmp_path) == {"commit": head, "dirty": True}
+
+
+def test_outside_a_checkout_both_are_unknown(tmp_path):
+    assert project_commit(tmp_path) == {"commit": None, "dirty": None}
+
+
+def test_the_config_hash_ignores_key_order_and_sees_every_value():
+    first = {"arms": [{"name": "A", "cpu_quota": 0.5}], "seed": 1}
+    reordered = {"seed": 1, "arms": [{"cpu_quota": 0.5, "name": "A"}]}
+    changed = {"seed": 1, "arms": [{"cpu_quota": 0.25, "name": "A"}]}
+    assert config_sha256(first) == config_sha256(reordered)
+    assert config_sha256(first) != config_sha256(changed)
