@@ -262,11 +262,14 @@ def test_the_runner_starts_nothing_without_a_named_secret(monkeypatch, tmp_path)
 # --- Whole studies: the secrets reach the servers and no file ----------------------
 
 
-def study_with_secrets(tmp_path: Path, base: Path) -> tuple[Path, Path]:
-    """(working directory, config): ``base`` with one arm that names two secrets."""
+def study_with_secrets(
+    tmp_path: Path, base: Path, experiment: str
+) -> tuple[Path, Path]:
+    """(working directory, config): ``base`` with one arm that names two secrets,
+    as an experiment of its own (other tests may run the base study meanwhile)."""
     config = shipped(str(base.relative_to(ROOT)))
     arm = config["arms"][0] | {"secret_environment": ["HF_TOKEN", PLAIN_NAME]}
-    config |= {"arms": [arm], "claims": []}
+    config |= {"experiment": experiment, "arms": [arm], "claims": []}
     path = tmp_path / "with-secret-names.yaml"
     path.write_text(yaml.safe_dump(config))
     workdir = tmp_path / "study"
@@ -315,7 +318,7 @@ def assert_delivered_and_nowhere(workdir: Path, metrics: dict) -> None:
     os.geteuid() != 0, reason="the arms' CPU quota is a cgroup only root can create"
 )
 def test_a_study_passes_secrets_to_its_server_and_writes_them_nowhere(tmp_path):
-    workdir, config = study_with_secrets(tmp_path, TEST_CONFIG)
+    workdir, config = study_with_secrets(tmp_path, TEST_CONFIG, "secrets-embedded")
     metrics = run_study_with_secrets(workdir, config)
     assert_delivered_and_nowhere(workdir, metrics)
 
@@ -325,12 +328,17 @@ def test_a_study_passes_secrets_to_its_server_and_writes_them_nowhere(tmp_path):
 def test_a_study_in_containers_passes_secrets_by_name_and_writes_them_nowhere(
     docker_engine, tmp_path
 ):
-    workdir, config = study_with_secrets(tmp_path, ROOT / "config/test/docker.yaml")
+    workdir, config = study_with_secrets(
+        tmp_path, ROOT / "config/test/docker.yaml", "secrets-docker"
+    )
     metrics = run_study_with_secrets(workdir, config)
     assert_delivered_and_nowhere(workdir, metrics)
-    provenance = json.loads(
-        (workdir / "results/test-docker/original/run1/provenance.json").read_text()
-    )
+    run = workdir / "results/secrets-docker/original/run1"
+    provenance = json.loads((run / "provenance.json").read_text())
     argv = provenance["container_argv"]
     assert argv[argv.index("HF_TOKEN") - 1] == "--env"
     assert argv[argv.index(PLAIN_NAME) - 1] == "--env"
+    # The container ran unprivileged, from the image id the build wrote.
+    assert argv[argv.index("--cap-drop") + 1] == "ALL"
+    image_id = (workdir / "results/images/original.iid").read_text().strip()
+    assert provenance["image_run"] == provenance["image"] == image_id
