@@ -20,6 +20,8 @@ import pytest
 from study_helpers import docker, leaked_segments
 from study_helpers import snakemake_command as study_command
 
+from serving_study.leftovers import alive, owner_of
+
 ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(
@@ -64,18 +66,37 @@ def study_processes(workdir: Path) -> list[str]:
     return found
 
 
-def study_groups(experiment: str) -> list[Path]:
+def study_groups(experiment: str, owned_by=lambda owner: True) -> list[Path]:
+    """The study's cgroups whose owner (see leftovers.owned_name) passes the test.
+    Another study of the same experiment may be running on the host."""
     groups = []
     for hierarchy in ("cpu", "cpuacct", ""):
         parent = Path("/sys/fs/cgroup") / hierarchy / "serving-study"
         if parent.exists():
-            groups += [path for path in parent.iterdir() if experiment in path.name]
+            groups += [
+                path
+                for path in parent.iterdir()
+                if experiment in path.name
+                and owner_of(path.name) is not None
+                and owned_by(owner_of(path.name))
+            ]
     return groups
 
 
-def study_containers(experiment: str) -> list[str]:
+def study_containers(experiment: str, owned_by=lambda owner: True) -> list[str]:
+    """The study's containers (named after their cgroup) whose owner passes."""
     listed = docker("ps", "--all", "--format", "{{.Names}}", check=False)
-    return [name for name in listed.stdout.split() if experiment in name]
+    return [
+        name
+        for name in listed.stdout.split()
+        if experiment in name
+        and owner_of(name) is not None
+        and owned_by(owner_of(name))
+    ]
+
+
+def gone(owner: int) -> bool:
+    return not alive(owner)
 
 
 def reaped_by_the_rerun(workdir: Path, experiment: str) -> dict[str, list]:
@@ -127,19 +148,23 @@ def test_a_killed_local_runner_takes_its_server_and_the_next_run_starts_clean(
     while study_processes(workdir) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert study_processes(workdir) == []
-    dead_groups = {str(path) for path in study_groups(experiment)}
+    dead_groups = {
+        str(path) for path in study_groups(experiment, lambda o: o == runner.pid)
+    }
     assert dead_groups, "the killed runner's cgroup stays until a run reaps it"
 
     rerun_finishes_valid(workdir, config, experiment)
     assert dead_groups <= set(reaped_by_the_rerun(workdir, experiment)["cgroups"])
-    assert study_groups(experiment) == []
+    assert study_groups(experiment, owned_by=gone) == []
     assert study_processes(workdir) == []
     assert leaked_segments() == []
 
 
-def serving_container_owner(experiment: str) -> int | None:
-    """The runner (owner label) of a container of the study whose server has
-    started its scheduler."""
+def serving_container_owner(snakemake: subprocess.Popen, experiment: str) -> int | None:
+    """The runner (owner label) of a container of this Snakemake's study whose
+    server has started its scheduler. Only this Snakemake's: another study of the
+    same experiment may be running on the host."""
+    ours = {child.pid for child in psutil.Process(snakemake.pid).children(True)}
     for name in study_containers(experiment):
         state = docker(
             "inspect",
@@ -155,7 +180,7 @@ def serving_container_owner(experiment: str) -> int | None:
             titles = [child.cmdline()[:1] for child in children]
         except psutil.Error:
             continue
-        if ["sglang::scheduler"] in titles:
+        if ["sglang::scheduler"] in titles and int(state[1]) in ours:
             return int(state[1])
     return None
 
@@ -172,7 +197,9 @@ def test_a_killed_runners_container_goes_and_the_next_run_starts_clean(
         snakemake_command(workdir, config, "all"), stdout=log, stderr=subprocess.STDOUT
     )
     try:
-        runner = wait_for(lambda: serving_container_owner(experiment), snakemake, 1800)
+        runner = wait_for(
+            lambda: serving_container_owner(snakemake, experiment), snakemake, 1800
+        )
         time.sleep(0.3)  # into the run; a tiny arm serves for about a second
         os.kill(runner, signal.SIGKILL)
         assert snakemake.wait(timeout=300) != 0
@@ -182,10 +209,14 @@ def test_a_killed_runners_container_goes_and_the_next_run_starts_clean(
         log.close()
     # The watchdog removes the container once its runner is gone.
     deadline = time.monotonic() + 120
-    while study_containers(experiment) and time.monotonic() < deadline:
+
+    def killed(owner: int) -> bool:
+        return owner == runner
+
+    while study_containers(experiment, killed) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert study_containers(experiment) == []
+    assert study_containers(experiment, killed) == []
 
     rerun_finishes_valid(workdir, config, experiment)
-    assert study_containers(experiment) == []
+    assert study_containers(experiment, owned_by=gone) == []
     assert leaked_segments() == []
