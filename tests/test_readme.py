@@ -127,3 +127,45 @@ def test_the_real_server_results_page_matches_the_committed_tables():
             row for row in markdown_rows(verdicts) if row[0].startswith(claim.claim)
         ]
         assert row[-1] == claim.verdict, claim.claim
+
+
+DEFAULT = ROOT / "docs" / "results" / "embedded-b1"
+
+
+def test_default_run_figures_in_the_readme_match_the_committed_tables():
+    import pandas as pd
+
+    arms = pd.read_csv(DEFAULT / "tables" / "arms.csv")
+
+    def summary(metric: str):
+        return arms[arms["metric"] == metric].set_index("arm")
+
+    throughput = summary("throughput_rps")
+    ttft = summary("ttft_p50_ms")["median"]
+    cpu = summary("main_cpu_ms_per_request")["median"]
+    others = summary("other_threads_cpu_percent")["median"]
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## What the default run shows", 1)[1].split("\n## ", 1)[0]
+    rows = [row for row in markdown_rows(section) if len(row) == 6]
+    assert {row[0] for row in rows} == set(throughput.index)
+    for arm, _, rps, latency, per_request, other in rows:
+        low, high = throughput.loc[arm, "min"], throughput.loc[arm, "max"]
+        median = throughput.loc[arm, "median"]
+        assert rps == f"{median:.1f} [{low:.1f}-{high:.1f}]", arm
+        assert latency == f"{ttft[arm]:.0f} ms", arm
+        assert per_request == f"{cpu[arm]:.1f} ms", arm
+        assert other == f"{others[arm]:.1f}%", arm
+    claims = pd.read_csv(DEFAULT / "tables" / "claims.csv").set_index("claim")
+    for claim, shown in (
+        ("patch-recovers-throughput", "C/A"),
+        ("thread-cap-recovers-throughput", "B/A"),
+        ("passive-wait-recovers-throughput", "A-passive/A"),
+        ("no-spin-recovers-throughput", "A-spin0/A"),
+    ):
+        value, verdict = claims.loc[claim, "value"], claims.loc[claim, "verdict"]
+        assert f"- {shown} = {value:.2f}x: **{verdict}**" in section, claim
+    spread = claims.loc["fixes-agree"]
+    assert f"**{spread['verdict']}** (spread {100 * spread['value']:.1f}%)" in section
+    cost = claims.loc["original-costs-cpu-without-quota"]
+    assert f"**{cost['verdict']}**" in section
+    assert f"({cost['value']:.2f}x" in section.replace("\n  ", " ")
