@@ -87,6 +87,14 @@ def run_metrics_files():
     return [f"{run_directory(arm, run)}/metrics.json" for arm, run in arm_runs()]
 
 
+# Everything an arm needs is made before the first arm runs. The run_arm
+# priorities put the measurement in shuffled blocks (arm_order.py), but Snakemake
+# runs the highest-priority job that is ready: a preparation job left at priority
+# 0 (the second variant's tree, say) would let every arm of the first variant run
+# before it, one variant after the other.
+PREPARATION_PRIORITY = 1_000_000
+
+
 def arm_run_priority(wildcards):
     """Run blocks in order, each block's arms shuffled by the seed (arm_order.py)."""
     arm_runs = {name: arm["runs"] for name, arm in ARMS.items()}

@@ -42,6 +42,7 @@ rule wheelhouse:
     log:
         messages="results/logs/wheelhouse/messages.log",
         pip="results/logs/wheelhouse/pip.log",
+    priority: PREPARATION_PRIORITY
     retries: 1
     localrule: True
     conda:
@@ -63,6 +64,7 @@ rule wheelhouse_sglang_cpu:
     log:
         messages="results/logs/wheelhouse-sglang-cpu/messages.log",
         pip="results/logs/wheelhouse-sglang-cpu/pip.log",
+    priority: PREPARATION_PRIORITY
     retries: 1
     localrule: True
     conda:
@@ -89,6 +91,7 @@ rule build_image:
     log:
         messages="results/logs/build_image/{variant}.log",
         build="results/logs/build_image/{variant}.build.log",
+    priority: PREPARATION_PRIORITY
     conda:
         "../envs/workflow.yaml"
     # One build at a time: the second variant's build then reuses every layer of the

@@ -8,6 +8,7 @@ rule model:
         snapshot="resources/models/{model}/snapshot.json",
     log:
         "results/logs/model/{model}.log",
+    priority: PREPARATION_PRIORITY
     retries: 1
     localrule: True
     conda:
@@ -30,6 +31,7 @@ rule tiny_model:
         model=directory("resources/tiny-models/{model}/model"),
     log:
         "results/logs/tiny_model/{model}.log",
+    priority: PREPARATION_PRIORITY
     localrule: True
     conda:
         "../envs/workflow.yaml"

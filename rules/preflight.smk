@@ -14,6 +14,7 @@ rule preflight:
         host="results/{experiment}/host.json",
     log:
         "results/logs/preflight/{experiment}.log",
+    priority: PREPARATION_PRIORITY
     conda:
         "../envs/workflow.yaml"
     params:

@@ -12,6 +12,7 @@ rule sglang_runtime:
         runtime="resources/sglang-runtime/runtime.json",
     log:
         "results/logs/sglang_runtime.log",
+    priority: PREPARATION_PRIORITY
     localrule: True
     conda:
         "../envs/workflow.yaml"

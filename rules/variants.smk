@@ -10,6 +10,7 @@ rule fetch_source:
         tree=directory("resources/sources/{source}/tree"),
     log:
         "results/logs/fetch_source/{source}.log",
+    priority: PREPARATION_PRIORITY
     retries: 1
     localrule: True
     conda:
@@ -30,6 +31,7 @@ rule prepare_variant:
         tree=directory("results/variants/{variant}/source"),
     log:
         "results/logs/prepare_variant/{variant}.log",
+    priority: PREPARATION_PRIORITY
     localrule: True
     conda:
         "../envs/workflow.yaml"

@@ -8,6 +8,7 @@ rule make_workload:
         images=directory("results/workloads/{workload}/images"),
     log:
         "results/logs/make_workload/{workload}.log",
+    priority: PREPARATION_PRIORITY
     localrule: True
     conda:
         "../envs/workflow.yaml"
