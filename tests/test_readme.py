@@ -169,3 +169,36 @@ def test_default_run_figures_in_the_readme_match_the_committed_tables():
     cost = claims.loc["original-costs-cpu-without-quota"]
     assert f"**{cost['verdict']}**" in section
     assert f"({cost['value']:.2f}x" in section.replace("\n  ", " ")
+
+
+FIXES_ON_CPU = ROOT / "docs" / "results" / "sglang-cpu-fixes"
+
+
+def test_real_server_fix_figures_in_the_readme_match_the_committed_tables():
+    import pandas as pd
+
+    arms = pd.read_csv(FIXES_ON_CPU / "tables" / "arms.csv")
+
+    def medians(metric: str):
+        return arms[arms["metric"] == metric].set_index("arm")["median"]
+
+    throughput = medians("throughput_rps")
+    cpu = medians("main_cpu_ms_per_request")
+    others = medians("other_threads_cpu_percent")
+    text = (ROOT / "README.md").read_text()
+    section = text.split("### Every fix on the real server", 1)[1].split("\n## ", 1)[0]
+    rows = [row for row in markdown_rows(section) if len(row) == 5]
+    assert {row[0] for row in rows} == set(throughput.index)
+    for arm, _, rps, per_request, other in rows:
+        assert rps == f"{throughput[arm]:.2f}", arm
+        assert per_request == f"{cpu[arm]:.1f} ms", arm
+        assert other == f"{others[arm]:.1f}%", arm
+    claims = pd.read_csv(FIXES_ON_CPU / "tables" / "claims.csv")
+    flat = section.replace("\n  ", " ")
+    for claim in claims.itertuples():
+        line = next(line for line in flat.split("\n- ") if f"{claim.claim})" in line)
+        assert f"**{claim.verdict}**" in line, claim.claim
+        if claim.kind == "ratio":
+            assert f"{claim.value:.2f}x" in line, claim.claim
+        else:
+            assert f"spread {100 * claim.value:.1f}%" in line, claim.claim

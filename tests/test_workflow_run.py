@@ -82,6 +82,24 @@ def test_every_run_can_be_traced_to_its_code_config_and_host(finished_study):
     assert len(hashes) == 1 and len(hashes.pop()) == 64
 
 
+def test_every_preparation_runs_before_the_first_arm(finished_study):
+    """The arms' priorities interleave the variants only if nothing an arm needs is
+    still to be made once the first arm runs: a variant prepared late would let
+    the other variant's arms run first."""
+    # The study's own log: the first one (later tests run Snakemake again here).
+    log = sorted((finished_study / ".snakemake" / "log").glob("*.snakemake.log"))[0]
+    started = [
+        line.split()[1].rstrip(":")
+        for line in log.read_text().splitlines()
+        if line.startswith(("rule ", "localrule "))
+    ]
+    first_arm = started.index("run_arm")
+    for rule in ("fetch_source", "prepare_variant", "make_workload", "preflight"):
+        assert rule in started
+        assert max(i for i, name in enumerate(started) if name == rule) < first_arm
+    assert started.count("prepare_variant") == 2
+
+
 def test_quota_and_threads_are_what_the_arm_asked_for(finished_study):
     results = finished_study / "results" / EXPERIMENT
     limited = json.loads(
