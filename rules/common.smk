@@ -8,15 +8,15 @@ from pathlib import Path
 PROJECT_ROOT = Path(workflow.basedir)
 sys.path.insert(0, str(PROJECT_ROOT / "src"))
 
-from serving_study.arm_order import priority
-from serving_study.config import ConfigError, check_config
-from serving_study.sglang_commands import model_directory_name
-from serving_study.sglang_platform import (
+from serving_study.config.arm_order import priority
+from serving_study.config.validation import ConfigError, check_config
+from serving_study.servers.sglang_commands import model_directory_name
+from serving_study.config.platform import (
     CPU_RUNTIME_LOCK,
     platform_for,
     resolve_device,
 )
-from serving_study.tiny_model import TinyModelSettings
+from serving_study.sources.tiny_model import TinyModelSettings
 
 try:
     check_config(

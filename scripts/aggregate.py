@@ -4,7 +4,7 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.aggregate import aggregate, write_tables
+from serving_study.analysis.aggregate import aggregate, write_tables
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO)

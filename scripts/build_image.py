@@ -6,7 +6,7 @@ import os
 import sys
 from pathlib import Path
 
-from serving_study.images import build_variant_image
+from serving_study.sources.images import build_variant_image
 
 sys.stderr = open(snakemake.log.messages, "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO)

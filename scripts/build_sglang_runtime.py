@@ -4,7 +4,10 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.sglang_runtime import RuntimeBuildError, ensure_sglang_runtime
+from serving_study.sources.sglang_runtime import (
+    RuntimeBuildError,
+    ensure_sglang_runtime,
+)
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")

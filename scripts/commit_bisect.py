@@ -5,8 +5,8 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.commit_bisect import ProbeSettings, run_commit_bisect
-from serving_study.release_change import ChangeCriterion
+from serving_study.analysis.release_change import ChangeCriterion
+from serving_study.studies.commit_bisect import ProbeSettings, run_commit_bisect
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(

@@ -5,7 +5,7 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.sources import fetch_source
+from serving_study.sources.fetch import fetch_source
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO)

@@ -4,10 +4,10 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.model_snapshot import model_host_path
-from serving_study.sglang_commands import arm_launch_commands, model_flags
-from serving_study.sglang_platform import platform_for
-from serving_study.sources import write_json
+from serving_study.config.platform import platform_for
+from serving_study.servers.sglang_commands import arm_launch_commands, model_flags
+from serving_study.sources.fetch import write_json
+from serving_study.sources.model_snapshot import model_host_path
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")

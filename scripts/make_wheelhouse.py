@@ -5,7 +5,7 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.wheelhouse import make_wheelhouse
+from serving_study.sources.wheelhouse import make_wheelhouse
 
 sys.stderr = open(snakemake.log.messages, "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO)

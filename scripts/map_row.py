@@ -5,7 +5,7 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.thread_quota_map import run_map_row
+from serving_study.studies.thread_quota_map import run_map_row
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(

@@ -4,8 +4,8 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.model_snapshot import ModelUnavailable, ensure_model_snapshot
-from serving_study.sources import write_json
+from serving_study.sources.fetch import write_json
+from serving_study.sources.model_snapshot import ModelUnavailable, ensure_model_snapshot
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")

@@ -6,9 +6,9 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.host import container_runtimes, describe_host, unmet_needs
-from serving_study.host_sharing import HostSharing, MeasurementLock
-from serving_study.leftovers import reap_leftovers
+from serving_study.measure.host_sharing import HostSharing, MeasurementLock
+from serving_study.servers.host import container_runtimes, describe_host, unmet_needs
+from serving_study.servers.leftovers import reap_leftovers
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")

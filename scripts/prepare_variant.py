@@ -5,7 +5,7 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.variants import prepare_variant
+from serving_study.sources.variants import prepare_variant
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO)

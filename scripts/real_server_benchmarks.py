@@ -6,12 +6,12 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.real_server_figures import (
+from serving_study.analysis.real_server_figures import (
     arm_run_figures,
     measure_main_process_steps,
     split_of_main_cpu,
 )
-from serving_study.sglang_platform import CPU_PLATFORM, python_path
+from serving_study.config.platform import CPU_PLATFORM, python_path
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")

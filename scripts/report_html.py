@@ -5,8 +5,8 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.aggregate import read_tables
-from serving_study.report import build_report
+from serving_study.analysis.aggregate import read_tables
+from serving_study.report.page import build_report
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO)

@@ -5,10 +5,10 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.arm_runner import RunPaths, run_arm
-from serving_study.host_sharing import HostSharing
-from serving_study.run_provenance import run_provenance
-from serving_study.sglang_commands import model_flags
+from serving_study.measure.arm_runner import RunPaths, run_arm
+from serving_study.measure.host_sharing import HostSharing
+from serving_study.measure.run_provenance import run_provenance
+from serving_study.servers.sglang_commands import model_flags
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(

@@ -8,8 +8,8 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.sources import write_json
-from serving_study.tiny_model import (
+from serving_study.sources.fetch import write_json
+from serving_study.sources.tiny_model import (
     TinyModelError,
     TinyModelSettings,
     write_tiny_qwen3_vl,

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 from study_helpers import docker
 
-from serving_study.images import engine_answers
-from serving_study.sglang_platform import CPU_RUNTIME_LOCK
-from serving_study.sglang_runtime import ensure_sglang_runtime
-from serving_study.sources import fetch_source, tree_sha256
+from serving_study.config.platform import CPU_RUNTIME_LOCK
+from serving_study.sources.fetch import fetch_source, tree_sha256
+from serving_study.sources.images import engine_answers
+from serving_study.sources.sglang_runtime import ensure_sglang_runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 # The Debian base every locally built image starts from (.ci/container-engine.sh).

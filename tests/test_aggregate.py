@@ -11,13 +11,13 @@ import pandas as pd
 import pytest
 import yaml
 
-from serving_study.aggregate import (
+from serving_study.analysis.aggregate import (
     aggregate,
     read_tables,
     tables_from_metrics,
     write_tables,
 )
-from serving_study.run_metrics import METRICS, failed_run_metrics, summarize_run
+from serving_study.measure.run_metrics import METRICS, failed_run_metrics, summarize_run
 
 FIXTURE = Path(__file__).parent / "fixtures" / "report"
 

@@ -1,6 +1,6 @@
 """Jobs run in randomised complete blocks, reproducibly from the seed."""
 
-from serving_study.arm_order import block_order, execution_order, priority
+from serving_study.config.arm_order import block_order, execution_order, priority
 
 ARMS = {"A": 3, "B": 3, "C": 3, "D": 3}
 

@@ -21,8 +21,8 @@ import psutil
 import pytest
 from study_helpers import leaked_segments
 
-from serving_study.arm_runner import RunPaths, run_arm
-from serving_study.variants import prepare_variant
+from serving_study.measure.arm_runner import RunPaths, run_arm
+from serving_study.sources.variants import prepare_variant
 from serving_study.workloads import generate_workload
 
 pytestmark = pytest.mark.skipif(
@@ -251,7 +251,7 @@ def test_a_server_answering_500s_and_cut_streams_gives_an_invalid_run(
     script = tmp_path / "erroring_server.py"
     script.write_text(ERRORING_SERVER)
     monkeypatch.setattr(
-        "serving_study.arm_runner.server_argv",
+        "serving_study.measure.arm_runner.server_argv",
         lambda engine, variant, arm, port: [sys.executable, str(script), str(port)],
     )
     metrics = run(variant, workload, tmp_path / "run", arm=ARM | {"requests": 10})
@@ -266,7 +266,8 @@ def test_a_port_taken_before_the_server_binds_it_is_retried(
 ):
     import socket
 
-    from serving_study import arm_runner, local_runtime
+    from serving_study.measure import arm_runner
+    from serving_study.servers import local_runtime
 
     squatter = socket.socket()
     squatter.bind(("127.0.0.1", 0))
@@ -329,7 +330,7 @@ def test_an_unexpected_error_fails_only_that_run_and_tears_down(
     def surprise(*arguments):
         raise KeyError("transport")
 
-    monkeypatch.setattr("serving_study.arm_runner.server_identity", surprise)
+    monkeypatch.setattr("serving_study.measure.arm_runner.server_identity", surprise)
     metrics = run(variant, workload, tmp_path, arm=ARM | {"requests": 8})
     assert metrics["valid"] is False
     assert metrics["invalid_reasons"] == ["unexpected KeyError: 'transport'"]

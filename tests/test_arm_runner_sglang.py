@@ -9,9 +9,14 @@ from pathlib import Path
 
 import yaml
 
-from serving_study.arm_runner import RunPaths, model_name, new_server, server_argv
-from serving_study.config import check_config
-from serving_study.sglang_platform import PROJECT_ROOT
+from serving_study.config.platform import PROJECT_ROOT
+from serving_study.config.validation import check_config
+from serving_study.measure.arm_runner import (
+    RunPaths,
+    model_name,
+    new_server,
+    server_argv,
+)
 from serving_study.workloads import generate_workload
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from serving_study import cgroup_exec
-from serving_study.cgroups import (
+from serving_study.servers import cgroup_exec
+from serving_study.servers.cgroups import (
     CpuQuotaGroup,
     CpuStat,
     QuotaUnavailable,
@@ -188,7 +188,7 @@ def test_a_read_only_cgroup_filesystem_is_reported_with_the_way_out():
         return
     # As root, remount the cgroup filesystems read-only in a private mount namespace.
     script = (
-        "from serving_study.cgroups import CpuQuotaGroup, QuotaUnavailable\n"
+        "from serving_study.servers.cgroups import CpuQuotaGroup, QuotaUnavailable\n"
         "try:\n"
         "    CpuQuotaGroup.create('never', 1).remove()\n"
         "except QuotaUnavailable as error:\n"
@@ -253,7 +253,7 @@ def test_mounts_and_membership_are_parsed_for_split_and_joined_v1():
 
 
 def test_v2_stat_and_quota_are_read_from_their_files(tmp_path):
-    from serving_study.cgroups import CpuGroup, _Layout
+    from serving_study.servers.cgroups import CpuGroup, _Layout
 
     (tmp_path / "cpu.max").write_text("150000 100000\n")
     (tmp_path / "cpu.stat").write_text(
@@ -274,7 +274,7 @@ def test_v2_stat_and_quota_are_read_from_their_files(tmp_path):
 def test_v2_creation_enables_cpu_and_writes_cpu_max_in_a_stand_in_tree(tmp_path):
     # No cgroup v2 cpu controller on the development machine: plain files stand in
     # for the kernel's, so this checks which files the v2 path writes, not the kernel.
-    from serving_study.cgroups import _create_v2
+    from serving_study.servers.cgroups import _create_v2
 
     own = tmp_path / "own"
     own.mkdir()

@@ -18,7 +18,7 @@ import pytest
 from aiohttp import web
 from PIL import Image
 
-from serving_study.client import (
+from serving_study.measure.client import (
     ChatRequest,
     ServerNeverHealthy,
     load_requests,

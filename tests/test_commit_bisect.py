@@ -22,7 +22,9 @@ import pytest
 import yaml
 from study_helpers import leaked_segments, snakemake_command
 
-from serving_study.commit_bisect import (
+from serving_study.analysis.release_change import ChangeCriterion, Spread
+from serving_study.config.validation import ConfigError, check_config
+from serving_study.studies.commit_bisect import (
     BAD,
     ENDS_ALIKE,
     FOUND,
@@ -33,8 +35,6 @@ from serving_study.commit_bisect import (
     first_parent_commits,
     search,
 )
-from serving_study.config import ConfigError, check_config
-from serving_study.release_change import ChangeCriterion, Spread
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"

@@ -22,8 +22,10 @@ import requests
 from PIL import Image
 from study_helpers import docker, snakemake_command
 
-from serving_study.client import ServerNeverHealthy, wait_until_healthy
-from serving_study.container_runtime import (
+from serving_study.config.platform import CPU_PLATFORM, GPU_PLATFORM
+from serving_study.engine.preprocess import preprocess_image
+from serving_study.measure.client import ServerNeverHealthy, wait_until_healthy
+from serving_study.servers.container_runtime import (
     ContainerCommandFailed,
     ContainerServer,
     container_options,
@@ -36,9 +38,10 @@ from serving_study.container_runtime import (
     segment_creator,
     shared_memory_bytes,
 )
-from serving_study.engine.preprocess import preprocess_image
-from serving_study.host import unmet_needs
-from serving_study.images import (
+from serving_study.servers.host import unmet_needs
+from serving_study.servers.local_runtime import free_port
+from serving_study.sources.fetch import file_sha256
+from serving_study.sources.images import (
     EMBEDDED_PYTHON,
     EMBEDDED_VARIANT_ROOT,
     ImageBuildFailed,
@@ -50,11 +53,8 @@ from serving_study.images import (
     inspect_image,
     run_build,
 )
-from serving_study.local_runtime import free_port
-from serving_study.sglang_platform import CPU_PLATFORM, GPU_PLATFORM
-from serving_study.sources import file_sha256
-from serving_study.variants import prepare_variant
-from serving_study.wheelhouse import (
+from serving_study.sources.variants import prepare_variant
+from serving_study.sources.wheelhouse import (
     WheelhouseFailed,
     manylinux_platforms,
     refuse_cuda_wheels,
@@ -770,7 +770,7 @@ def test_sglang_dockerfile_puts_the_variant_over_an_editable_install(
 @pytest.mark.docker
 def test_monitors_see_the_containers_processes_from_the_host(embedded_image, tmp_path):
     """The scheduler inside is a host process the monitors can find and sample."""
-    from serving_study.monitors import find_server_processes
+    from serving_study.measure.monitors import find_server_processes
 
     port = free_port()
     server = ContainerServer(

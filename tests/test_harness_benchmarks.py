@@ -14,9 +14,9 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serving_study import harness_benchmarks as benchmarks
-from serving_study.client import load_requests
-from serving_study.variants import prepare_variant
+from serving_study.measure.client import load_requests
+from serving_study.sources.variants import prepare_variant
+from serving_study.studies import harness_benchmarks as benchmarks
 from serving_study.workloads import generate_workload
 
 REPOSITORY = Path(__file__).resolve().parents[1]

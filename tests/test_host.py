@@ -1,6 +1,6 @@
 """The preflight's host description and the needs it refuses to run without."""
 
-from serving_study.host import (
+from serving_study.servers.host import (
     arm_thread_plan,
     feature_bytes,
     shared_memory_needed_mib,

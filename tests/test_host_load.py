@@ -8,9 +8,9 @@ import os
 
 import pytest
 
-from serving_study.cgroups import CpuStat
-from serving_study.host_load import HostCpu, HostLoadMeter, parse_proc_stat
-from serving_study.run_metrics import invalid_reasons
+from serving_study.measure.host_load import HostCpu, HostLoadMeter, parse_proc_stat
+from serving_study.measure.run_metrics import invalid_reasons
+from serving_study.servers.cgroups import CpuStat
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

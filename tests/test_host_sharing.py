@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from serving_study.host_sharing import HostBusy, HostSharing, MeasurementLock
+from serving_study.measure.host_sharing import HostBusy, HostSharing, MeasurementLock
 
 HOLDER = """
 import sys
-from serving_study.host_sharing import HostSharing, MeasurementLock
+from serving_study.measure.host_sharing import HostSharing, MeasurementLock
 sharing = HostSharing.from_config({"lock_file": sys.argv[1]})
 lock = MeasurementLock.acquire(sharing, "experiment other, arm A, run 1")
 print("held", flush=True)

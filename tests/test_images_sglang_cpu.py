@@ -20,8 +20,15 @@ from pathlib import Path
 import pytest
 from study_helpers import docker, snakemake_command
 
-from serving_study.container_runtime import container_options
-from serving_study.images import (
+from serving_study.config.platform import (
+    CPU_PLATFORM,
+    CPU_RUNTIME_LOCK,
+    GPU_PLATFORM,
+)
+from serving_study.servers.container_runtime import container_options
+from serving_study.servers.sglang_commands import image_engine
+from serving_study.sources.fetch import file_sha256
+from serving_study.sources.images import (
     ENGINES,
     ImageBuildFailed,
     assemble_context,
@@ -29,14 +36,7 @@ from serving_study.images import (
     image_labels,
     image_tag,
 )
-from serving_study.sglang_commands import image_engine
-from serving_study.sglang_platform import (
-    CPU_PLATFORM,
-    CPU_RUNTIME_LOCK,
-    GPU_PLATFORM,
-)
-from serving_study.sources import file_sha256
-from serving_study.wheelhouse import (
+from serving_study.sources.wheelhouse import (
     WheelhouseFailed,
     download_command,
     lock_pins,

@@ -20,13 +20,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serving_study.cgroups import (
+from serving_study.servers.cgroups import (
     CpuQuotaGroup,
     QuotaUnavailable,
     project_group_directories,
     wrap_command,
 )
-from serving_study.leftovers import (
+from serving_study.servers.leftovers import (
     Reaped,
     alive,
     owned_name,
@@ -205,8 +205,8 @@ def test_a_dead_owners_group_is_emptied_and_removed_a_live_owners_kept():
 RUNNER = """
 import json, os, sys, time
 from pathlib import Path
-from serving_study.leftovers import owned_name
-from serving_study.local_runtime import LocalServer
+from serving_study.servers.leftovers import owned_name
+from serving_study.servers.local_runtime import LocalServer
 
 server = LocalServer(
     ["sleep", "600"], dict(os.environ), 0.5, owned_name("killed-runner"),
@@ -283,7 +283,7 @@ def test_a_runtime_that_does_not_answer_is_a_problem_not_an_error(tmp_path):
 
 WATCHED = """
 import sys, time
-from serving_study.container_watchdog import watch
+from serving_study.servers.container_watchdog import watch
 watchdog = watch(sys.argv[1], "container-under-watch")
 print(watchdog.pid, flush=True)
 time.sleep(600)
@@ -308,7 +308,7 @@ def test_the_watchdog_removes_the_container_when_its_runner_is_killed(tmp_path):
 
 
 def test_a_watchdog_stopped_by_its_runner_removes_nothing(tmp_path):
-    from serving_study.container_watchdog import stop, watch
+    from serving_study.servers.container_watchdog import stop, watch
 
     runtime, calls = fake_runtime(tmp_path, 1, 1)
     watchdog = watch(runtime, "container-under-watch")

@@ -20,17 +20,17 @@ import pytest
 import torch
 from test_cgroups import needs_cgroups
 
-from serving_study.cgroups import CpuQuotaGroup, wrap_command
 from serving_study.engine.__main__ import parse_arguments, start_scheduler_early
 from serving_study.engine.protocol import SHM, FeaturePayload, SubmitRequest, TokenBatch
 from serving_study.engine.segments import unlink_segment
 from serving_study.engine.shm_loader import load_shm_pointer_class
-from serving_study.server_commands import embedded_server_argv
-from serving_study.thread_cpu import (
+from serving_study.measure.thread_cpu import (
     CLOCK_TICKS_PER_SECOND,
     ThreadCpuUsage,
     read_thread_cpu,
 )
+from serving_study.servers.cgroups import CpuQuotaGroup, wrap_command
+from serving_study.servers.commands import embedded_server_argv
 
 # --- 1. The copy's thread fan-out under a quota ----------------------------------
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from study_helpers import snakemake_command
 
-from serving_study.model_snapshot import (
+from serving_study.sources.model_snapshot import (
     HUGGINGFACE_HUB_PIN,
     ModelUnavailable,
     ensure_model_snapshot,
@@ -138,7 +138,7 @@ def test_without_huggingface_hub_the_error_names_the_pin_and_model_path(
 ENSURE_PROGRAM = """
 import json, sys
 from pathlib import Path
-from serving_study.model_snapshot import ModelUnavailable, ensure_model_snapshot
+from serving_study.sources.model_snapshot import ModelUnavailable, ensure_model_snapshot
 try:
     ensure_model_snapshot(json.loads(sys.argv[1]), Path(sys.argv[2]))
 except ModelUnavailable as error:

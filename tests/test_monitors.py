@@ -10,8 +10,8 @@ import uuid
 
 import pytest
 
-from serving_study.cgroups import CpuQuotaGroup, QuotaUnavailable, wrap_command
-from serving_study.monitors import RunMonitors, find_server_processes
+from serving_study.measure.monitors import RunMonitors, find_server_processes
+from serving_study.servers.cgroups import CpuQuotaGroup, QuotaUnavailable, wrap_command
 
 # A main process with a child titled like SGLang's scheduler. Arguments: whether the
 # scheduler spins, and how many spinning threads the main process runs.

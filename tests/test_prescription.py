@@ -3,9 +3,9 @@ project's published fixes tables measured of each."""
 
 import pandas as pd
 
-from serving_study.fix_comparison import COLUMNS, TRAP
-from serving_study.host import arm_thread_plan
-from serving_study.prescription import prescription
+from serving_study.analysis.fix_comparison import COLUMNS, TRAP
+from serving_study.config.prescription import prescription
+from serving_study.servers.host import arm_thread_plan
 
 
 def write_fixes_table(root, experiment: str, rows: list[dict]):

@@ -12,7 +12,7 @@ import time
 import psutil
 import pytest
 
-from serving_study.local_runtime import LocalServer
+from serving_study.servers.local_runtime import LocalServer
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="cgroups are created by root only"

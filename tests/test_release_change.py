@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving_study.aggregate import read_tables, tables_from_metrics, write_tables
-from serving_study.config import ConfigError, check_config
-from serving_study.engine.shm_loader import load_variant_transport
-from serving_study.release_change import (
+from serving_study.analysis.aggregate import (
+    read_tables,
+    tables_from_metrics,
+    write_tables,
+)
+from serving_study.analysis.release_change import (
     CANNOT_TELL,
     CHANGED,
     NO_CHANGE,
@@ -29,8 +31,10 @@ from serving_study.release_change import (
     first_change,
     release_labels,
 )
-from serving_study.report import build_report
-from serving_study.sources import fetch_source
+from serving_study.config.validation import ConfigError, check_config
+from serving_study.engine.shm_loader import load_variant_transport
+from serving_study.report.page import build_report
+from serving_study.sources.fetch import fetch_source
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"

@@ -15,11 +15,11 @@ import pytest
 import vl_convert
 import yaml
 
-import serving_study.report as report_module
-from serving_study.aggregate import aggregate, read_tables, write_tables
-from serving_study.report import build_report
-from serving_study.report_charts import chart_specs
-from serving_study.run_metrics import summarize_run
+import serving_study.report.page as report_module
+from serving_study.analysis.aggregate import aggregate, read_tables, write_tables
+from serving_study.measure.run_metrics import summarize_run
+from serving_study.report.charts import chart_specs
+from serving_study.report.page import build_report
 
 ROOT = Path(__file__).parent.parent
 FIXTURE = Path(__file__).parent / "fixtures" / "report"
@@ -326,7 +326,7 @@ def test_the_config_description_is_text_in_snakemakes_report(tmp_path):
 
 
 def test_a_real_server_on_cpu_says_what_differs_from_a_gpu_host():
-    from serving_study.report import platform_html
+    from serving_study.report.page import platform_html
 
     config = {
         "engine": "sglang",

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving_study.run_metrics import (
+from serving_study.measure.run_metrics import (
     METRICS,
     failed_run_metrics,
     read_request_log,

@@ -2,7 +2,7 @@
 
 import subprocess
 
-from serving_study.run_provenance import config_sha256, project_commit
+from serving_study.measure.run_provenance import config_sha256, project_commit
 
 
 def git(directory, *arguments):

@@ -12,14 +12,14 @@ import pytest
 import yaml
 from study_helpers import snakemake_command
 
-from serving_study.arm_runner import RunPaths, run_arm
-from serving_study.config import ConfigError, check_config
-from serving_study.config_secrets import SecretNotSet, has_credentials, is_secret
-from serving_study.container_runtime import run_command
-from serving_study.host import unmet_needs
-from serving_study.server_environment import REDACTED, redacted_check
-from serving_study.sglang_commands import arm_launch_commands
-from serving_study.sglang_platform import GPU_PLATFORM
+from serving_study.config.platform import GPU_PLATFORM
+from serving_study.config.secrets import SecretNotSet, has_credentials, is_secret
+from serving_study.config.validation import ConfigError, check_config
+from serving_study.measure.arm_runner import RunPaths, run_arm
+from serving_study.servers.container_runtime import run_command
+from serving_study.servers.environment import REDACTED, redacted_check
+from serving_study.servers.host import unmet_needs
+from serving_study.servers.sglang_commands import arm_launch_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"

@@ -2,7 +2,7 @@
 
 import json
 
-from serving_study.server_log_facts import (
+from serving_study.measure.server_log_facts import (
     inline_fallback_reported,
     is_reported,
     loaded_modules,

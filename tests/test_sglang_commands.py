@@ -23,8 +23,14 @@ import pytest
 import yaml
 from study_helpers import snakemake_command
 
-from serving_study.config import check_config
-from serving_study.sglang_commands import (
+from serving_study.config.platform import (
+    CPU_PLATFORM,
+    GPU_PLATFORM,
+    PROJECT_ROOT,
+    compile_cache,
+)
+from serving_study.config.validation import check_config
+from serving_study.servers.sglang_commands import (
     FLAGS_FROM_CONFIG,
     FLAGS_HIDING_ARGUMENTS,
     ServerArgumentConflict,
@@ -34,12 +40,6 @@ from serving_study.sglang_commands import (
     server_argument_conflicts,
     sglang_server_argv,
     sglang_server_environment,
-)
-from serving_study.sglang_platform import (
-    CPU_PLATFORM,
-    GPU_PLATFORM,
-    PROJECT_ROOT,
-    compile_cache,
 )
 
 ROOT = Path(__file__).resolve().parents[1]

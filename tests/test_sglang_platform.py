@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from serving_study import sglang_platform
-from serving_study.sglang_platform import (
+from serving_study.config import platform as sglang_platform
+from serving_study.config.platform import (
     CPU_PLATFORM,
     GPU_PLATFORM,
     platform_for,

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
-from serving_study import sglang_runtime
-from serving_study.sglang_runtime import (
+from serving_study.sources import sglang_runtime
+from serving_study.sources.sglang_runtime import (
     RuntimeBuildError,
     ensure_sglang_runtime,
     read_lock,

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from serving_study.sources import (
+from serving_study.sources.fetch import (
     SourceMismatch,
     SourceUnavailable,
     fetch_pull_request_diff,

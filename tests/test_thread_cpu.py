@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from serving_study.thread_cpu import (
+from serving_study.measure.thread_cpu import (
     CLOCK_TICKS_PER_SECOND,
     ThreadCpu,
     ThreadCpuSnapshot,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from serving_study.config import ConfigError, check_config
+from serving_study.config.validation import ConfigError, check_config
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"

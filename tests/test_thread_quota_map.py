@@ -11,9 +11,9 @@ import pytest
 import yaml
 from study_helpers import TEST_CONFIG, leaked_segments, snakemake_command
 
-from serving_study.config import ConfigError, check_config
-from serving_study.report_charts import quota_order, thread_quota_map
-from serving_study.thread_quota_map import map_rows, map_table, quota_label
+from serving_study.config.validation import ConfigError, check_config
+from serving_study.report.charts import quota_order, thread_quota_map
+from serving_study.studies.thread_quota_map import map_rows, map_table, quota_label
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
-from serving_study import tiny_model
-from serving_study.sources import file_sha256
-from serving_study.tiny_model import (
+from serving_study.sources import tiny_model
+from serving_study.sources.fetch import file_sha256
+from serving_study.sources.tiny_model import (
     SPECIAL_TOKENS,
     TinyModelError,
     TinyModelSettings,
@@ -54,7 +54,7 @@ def test_the_same_settings_give_byte_identical_directories(tmp_path):
             sys.executable,
             "-c",
             "import sys; from pathlib import Path;"
-            "from serving_study.tiny_model import TinyModelSettings, "
+            "from serving_study.sources.tiny_model import TinyModelSettings, "
             "write_tiny_qwen3_vl;"
             "write_tiny_qwen3_vl(Path(sys.argv[1]), TinyModelSettings(seed=7))",
             str(tmp_path / "second"),

@@ -19,8 +19,8 @@ from typing import Optional
 import pytest
 import torch
 
-from serving_study.sources import fetch_source, file_sha256
-from serving_study.variants import (
+from serving_study.sources.fetch import fetch_source, file_sha256
+from serving_study.sources.variants import (
     PatchDoesNotApply,
     apply_patch,
     changed_modules,

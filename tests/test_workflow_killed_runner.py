@@ -20,7 +20,7 @@ import pytest
 from study_helpers import docker, leaked_segments
 from study_helpers import snakemake_command as study_command
 
-from serving_study.leftovers import alive, owner_of
+from serving_study.servers.leftovers import alive, owner_of
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,7 +10,7 @@ import pytest
 from PIL import Image
 
 from serving_study import workloads
-from serving_study.sources import file_sha256
+from serving_study.sources.fetch import file_sha256
 from serving_study.workloads import PROMPT_WORDS, draw_image, generate_workload
 
 TINY_PNG = {

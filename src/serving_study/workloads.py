@@ -22,7 +22,7 @@ import numpy as np
 import PIL
 from PIL import Image, features
 
-from serving_study.sources import file_sha256, staged_directory, write_json
+from serving_study.sources.fetch import file_sha256, staged_directory, write_json
 
 FORMATS = {"png": "png", "jpeg": "jpg"}
 CONTENTS = ("noise", "gradient", "solid")

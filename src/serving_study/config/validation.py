@@ -1,0 +1,366 @@
+"""Checking an experiment's config before any job runs.
+
+The JSON schema (config/schema/config.schema.yaml) says what each key may hold;
+this module applies it, fills in the schema's defaults, and adds the checks a
+schema cannot express: names that must be unique, and names that must refer to
+something defined elsewhere in the same config. Every problem becomes one line
+that names the file and the key, e.g. ``config/b1.yaml: arms[2].variant: 'patchd'
+names no variant (known: original, patched)``.
+"""
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import jsonschema
+import yaml
+from packaging.version import InvalidVersion, Version
+
+from serving_study.config.secrets import secret_problems
+from serving_study.servers.sglang_commands import server_argument_conflicts
+
+
+class ConfigError(ValueError):
+    """The config is wrong; the message names the file, the key and the fix."""
+
+
+def load_schema(schema_path: Path) -> dict:
+    return yaml.safe_load(Path(schema_path).read_text())
+
+
+def key_path(parts: Iterable) -> str:
+    """Render a JSON path like ``arms[2].cpu_quota``."""
+    text = ""
+    for part in parts:
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{part}" if text else str(part)
+    return text or "(top level)"
+
+
+def _fill_defaults(validator_class):
+    """A validator class that also writes each property's default into the config."""
+    validate_properties = validator_class.VALIDATORS["properties"]
+
+    def properties_with_defaults(validator, properties, instance, schema):
+        if isinstance(instance, dict):
+            for name, subschema in properties.items():
+                if "default" in subschema and name not in instance:
+                    default = subschema["default"]
+                    instance[name] = (
+                        type(default)(default)
+                        if isinstance(default, dict | list)
+                        else default
+                    )
+        yield from validate_properties(validator, properties, instance, schema)
+
+    return jsonschema.validators.extend(
+        validator_class, {"properties": properties_with_defaults}
+    )
+
+
+_DefaultFillingValidator = _fill_defaults(jsonschema.Draft202012Validator)
+
+
+def _schema_message(error: jsonschema.ValidationError) -> str:
+    where = key_path(error.absolute_path)
+    if error.validator == "additionalProperties":
+        unknown = sorted(set(error.instance) - set(error.schema.get("properties", {})))
+        allowed = ", ".join(sorted(error.schema.get("properties", {})))
+        return (
+            f"{where}: unknown key {', '.join(map(repr, unknown))} (allowed: {allowed})"
+        )
+    if error.validator == "required":
+        return f"{where}: {error.message}"
+    if error.validator == "anyOf" and list(error.schema_path)[-2:-1] == [
+        "propertyNames"
+    ]:
+        known = next(
+            (choice["enum"] for choice in error.schema["anyOf"] if "enum" in choice),
+            [],
+        )
+        return (
+            f"{where}.{error.instance}: not a thread variable this study knows; "
+            f"use one of {', '.join(known)}"
+        )
+    if (
+        error.validator in ("pattern", "enum")
+        and list(error.absolute_path)[-2:-1] == ["environment"]
+        and "description" in error.schema
+    ):
+        return (
+            f"{where}: {error.instance!r} is not allowed; give "
+            f"{error.schema['description'].strip()}"
+        )
+    if (
+        error.validator == "oneOf"
+        and error.absolute_path
+        and (
+            error.absolute_path[-1] == "cpu_quota"
+            or list(error.absolute_path)[-2:-1] == ["cpu_quotas"]
+        )
+    ):
+        return (
+            f"{where}: {error.instance!r} is not a CPU quota: give a number of cores "
+            'greater than 0, or "none" to run without a quota'
+        )
+    if (
+        error.validator == "oneOf"
+        and error.absolute_path
+        and (len(error.absolute_path) == 2 and error.absolute_path[0] == "sources")
+    ):
+        return f"{where}: a source needs exactly one of 'pypi', 'git' or 'path'"
+    return f"{where}: {error.message}"
+
+
+def schema_problems(config: dict, schema: dict) -> list[str]:
+    """Validate against the schema, filling defaults in place; return the problems."""
+    validator = _DefaultFillingValidator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
+    return [_schema_message(error) for error in errors]
+
+
+def _duplicates(records: Sequence[dict], collection: str) -> list[str]:
+    counts = Counter(record.get("name") for record in records)
+    return [
+        f"{collection}[{index}].name: {record['name']!r} is used more than once; "
+        f"each {collection[:-1]} needs its own name"
+        for index, record in enumerate(records)
+        if counts[record.get("name")] > 1
+    ]
+
+
+def _must_name(value, known: Iterable[str], where: str, what: str) -> list[str]:
+    known = list(known)
+    if value in known:
+        return []
+    return [f"{where}: {value!r} names no {what} (known: {', '.join(known) or 'none'})"]
+
+
+def reference_problems(config: dict, project_root: Path) -> list[str]:
+    """Names that must be unique or must refer to a record defined elsewhere."""
+    problems: list[str] = []
+    for collection in ("sources", "variants", "workloads", "arms"):
+        problems += _duplicates(config.get(collection, []), collection)
+
+    sources = {source["name"]: source for source in config.get("sources", [])}
+    for index, variant in enumerate(config.get("variants", [])):
+        where = f"variants[{index}]"
+        problems += _must_name(variant["source"], sources, f"{where}.source", "source")
+        if "patch" in variant and not (project_root / variant["patch"]).is_file():
+            problems.append(
+                f"{where}.patch: {variant['patch']!r} does not exist; put the patch "
+                "file under envs/patches/"
+            )
+        if "pull_request" in variant and "patch" in variant:
+            problems.append(f"{where}: give either 'patch' or 'pull_request', not both")
+        if "pull_request" in variant:
+            source = sources.get(variant["source"], {})
+            if "git" not in source:
+                problems.append(
+                    f"{where}.pull_request: a pull request can only be applied to a "
+                    "git source; give the variant a source with 'git'"
+                )
+
+    variant_names = [variant["name"] for variant in config.get("variants", [])]
+    workload_names = [workload["name"] for workload in config.get("workloads", [])]
+    arm_names = [arm["name"] for arm in config.get("arms", [])]
+    for index, arm in enumerate(config.get("arms", [])):
+        where = f"arms[{index}]"
+        problems += _must_name(
+            arm["variant"], variant_names, f"{where}.variant", "variant"
+        )
+        problems += _must_name(
+            arm["workload"], workload_names, f"{where}.workload", "workload"
+        )
+        if config.get("engine") == "embedded" and arm.get("server_args"):
+            problems.append(
+                f"{where}.server_args: only engine 'sglang' takes server arguments"
+            )
+        if arm.get("quota_scope") == "main_process" and (
+            config.get("engine") != "sglang" or config.get("runtime") != "local"
+        ):
+            problems.append(
+                f"{where}.quota_scope: main_process needs engine 'sglang' and runtime "
+                "'local' (it moves SGLang's scheduler out of the quota's cgroup); "
+                "use quota_scope: server"
+            )
+        for name in arm.get("secret_environment", []):
+            if name in arm.get("environment", {}):
+                problems.append(
+                    f"{where}.secret_environment: {name} is also set in "
+                    f"{where}.environment; give it in one place"
+                )
+        if config.get("engine") != "embedded" and "intra_op_threads" in arm:
+            problems.append(
+                f"{where}.intra_op_threads: only the embedded engine can force its "
+                "intra-op threads; give SGLang OMP_NUM_THREADS in 'environment'"
+            )
+
+    for index, reference in enumerate(config.get("reference", {}).get("arms", [])):
+        problems += _must_name(
+            reference["arm"], arm_names, f"reference.arms[{index}].arm", "arm"
+        )
+    problems += fixes_problems(config.get("fixes"), config.get("arms", []))
+    problems += _duplicates(config.get("claims", []), "claims")
+    for index, claim in enumerate(config.get("claims", [])):
+        where = f"claims[{index}]"
+        for key in ("numerator", "denominator"):
+            if key in claim:
+                problems += _must_name(claim[key], arm_names, f"{where}.{key}", "arm")
+        for position, arm in enumerate(claim.get("arms", [])):
+            problems += _must_name(arm, arm_names, f"{where}.arms[{position}]", "arm")
+        has_ratio = "numerator" in claim and "denominator" in claim
+        if not has_ratio and not claim.get("arms"):
+            problems.append(
+                f"{where}: a claim compares either numerator/denominator arms or a "
+                "list of 'arms' within a tolerance"
+            )
+    sglang = config.get("sglang", {})
+    if "tiny_model" in sglang and sglang.get("model_path"):
+        problems.append(
+            "sglang: give either tiny_model or model_path, not both (tiny_model "
+            "makes its own model)"
+        )
+    problems += release_series_problems(config)
+    problems += bisect_problems(config, arm_names)
+    problems += thread_quota_map_problems(config, variant_names, workload_names)
+    problems += server_argument_problems(config)
+    return problems
+
+
+def server_argument_problems(config: dict) -> list[str]:
+    """Extra SGLang arguments that would set a flag a config key sets, in any
+    spelling SGLang's parser takes (``--hos=0.0.0.0`` sets --host)."""
+    extra = config.get("sglang", {}).get("extra_server_args", [])
+    problems = server_argument_conflicts(extra, "sglang.extra_server_args")
+    for index, arm in enumerate(config.get("arms", [])):
+        problems += server_argument_conflicts(
+            arm.get("server_args", []), f"arms[{index}].server_args"
+        )
+    return problems
+
+
+def fixes_problems(fixes: dict | None, arms: list[dict]) -> list[str]:
+    """The "which fix" section compares like with like: every arm it names exists,
+    each fix runs under the baseline's quota, and each without_quota arm has none."""
+    if not fixes:
+        return []
+    quota_of = {arm["name"]: arm.get("cpu_quota") for arm in arms}
+    baseline_quota = quota_of.get(fixes["baseline"]["arm"])
+    problems = []
+    entries = [("fixes.baseline", fixes["baseline"])] + [
+        (f"fixes.fixes[{index}]", fix) for index, fix in enumerate(fixes["fixes"])
+    ]
+    for where, entry in entries:
+        for key in ("arm", "without_quota"):
+            if key not in entry:
+                continue
+            named = entry[key]
+            if named not in quota_of:
+                problems += _must_name(named, quota_of, f"{where}.{key}", "arm")
+            elif key == "without_quota" and quota_of[named] != "none":
+                problems.append(
+                    f"{where}.without_quota: arm {named!r} runs under a quota "
+                    f"({quota_of[named]}); give it cpu_quota: none"
+                )
+            elif key == "arm" and quota_of[named] != baseline_quota:
+                problems.append(
+                    f"{where}.arm: arm {named!r} runs under quota "
+                    f"{quota_of[named]}, the baseline under {baseline_quota}; "
+                    "a fix is compared under the same quota"
+                )
+    return problems
+
+
+def thread_quota_map_problems(
+    config: dict, variant_names: list[str], workload_names: list[str]
+) -> list[str]:
+    """The map names known variants and a workload, and runs the embedded engine
+    on this host (it forces intra-op threads and rewrites a live cgroup's quota)."""
+    settings = config.get("thread_quota_map")
+    if not settings:
+        return []
+    problems = []
+    for index, variant in enumerate(settings["variants"]):
+        problems += _must_name(
+            variant, variant_names, f"thread_quota_map.variants[{index}]", "variant"
+        )
+    problems += _must_name(
+        settings["workload"], workload_names, "thread_quota_map.workload", "workload"
+    )
+    if config.get("engine") != "embedded" or config.get("runtime") != "local":
+        problems.append(
+            "thread_quota_map: the map needs engine 'embedded' and runtime 'local' "
+            "(it forces the main process's intra-op threads and changes the quota "
+            "of the running server's cgroup)"
+        )
+    quotas = [q if q == "none" else float(q) for q in settings["cpu_quotas"]]
+    if len(set(quotas)) != len(quotas):
+        problems.append("thread_quota_map.cpu_quotas: a quota is listed twice")
+    return problems
+
+
+def release_series_problems(config: dict) -> list[str]:
+    """A release series lists its PyPI releases in ascending version order."""
+    if not config.get("release_series"):
+        return []
+    variants = {variant["name"]: variant for variant in config.get("variants", [])}
+    sources = {source["name"]: source for source in config.get("sources", [])}
+    problems = []
+    previous = None
+    for index, arm in enumerate(config.get("arms", [])):
+        source = sources.get(variants.get(arm["variant"], {}).get("source"), {})
+        if "pypi" not in source:
+            continue
+        try:
+            version = Version(source["pypi"]["version"])
+        except InvalidVersion:
+            problems.append(
+                f"arms[{index}]: release {source['pypi']['version']!r} is not a "
+                "PyPI version, so the release order cannot be checked"
+            )
+            continue
+        if previous is not None and version <= previous[1]:
+            problems.append(
+                f"arms[{index}]: release {version} comes after {previous[1]} "
+                f"(arms[{previous[0]}]); with release_series the arms must list "
+                "releases in ascending order, each once"
+            )
+        previous = (index, version)
+    return problems
+
+
+def bisect_problems(config: dict, arm_names: list[str]) -> list[str]:
+    """The commit bisect names an arm of the config and two different ends."""
+    bisect = config.get("bisect")
+    if not bisect:
+        return []
+    problems = _must_name(bisect["arm"], arm_names, "bisect.arm", "arm")
+    if bisect["good"] == bisect["bad"]:
+        problems.append(
+            "bisect: good and bad are the same revision; give the older commit "
+            "(before the change) as good and the newer one as bad"
+        )
+    return problems
+
+
+def check_config(
+    config: dict, schema_path: Path, config_files: Sequence[str], project_root: Path
+) -> dict:
+    """Validate ``config`` in place (defaults filled) or raise one ConfigError.
+
+    ``config_files`` are the files the config was merged from, named in the message.
+    """
+    source = " + ".join(str(path) for path in config_files) or "the config"
+    # Before the schema, whose messages may quote a value: a config that holds a
+    # secret gets only the lines that name where (config_secrets.py).
+    problems = secret_problems(config)
+    if not problems:
+        problems = schema_problems(config, load_schema(schema_path))
+    if not problems:
+        problems = reference_problems(config, project_root)
+    if problems:
+        raise ConfigError("\n".join(f"{source}: {problem}" for problem in problems))
+    return config

@@ -1,0 +1,203 @@
+"""How runs share a host: one measurement at a time, and a bound on other load.
+
+Two pipelines on one host would measure each other. Every run therefore holds
+the host's measurement lock (an ``flock`` on one file that every pipeline uses)
+from before its server starts until it is torn down; a second pipeline's run
+waits for it, or fails at once, as the config's ``host_sharing.lock`` says. The
+kernel drops the lock when its holder dies, however it dies, so a killed runner
+never leaves the host locked. The file names the holder (pid, what it runs,
+since when), so a run that waits or fails can say for whom.
+
+Work that takes no lock (anything else on the host) is caught afterwards: a run
+whose measured window saw more than ``max_other_load_cores`` of other load is
+invalid (``host_load`` measures it, ``run_metrics`` gives the reason).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import stat
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+from serving_study.config.platform import PROJECT_ROOT
+from serving_study.config.validation import load_schema
+
+log = logging.getLogger(__name__)
+
+SCHEMA = PROJECT_ROOT / "config" / "schema" / "config.schema.yaml"
+LOCK_MODES = ("wait", "fail")
+POLL_S = 0.2
+
+
+class HostBusy(RuntimeError):
+    """Another measurement holds the host; the message names it and the setting."""
+
+
+@dataclass(frozen=True)
+class HostSharing:
+    """The config's ``host_sharing`` section (see config.schema.yaml)."""
+
+    lock: str
+    lock_wait_s: float
+    lock_file: Path
+    max_other_load_cores: float
+
+    @classmethod
+    def from_config(cls, section: dict) -> HostSharing:
+        """From a checked config's section; keys it lacks take the schema's
+        defaults (callers that run arms without a config: soak, benchmarks)."""
+        properties = load_schema(SCHEMA)["properties"]["host_sharing"]["properties"]
+        values = {name: spec["default"] for name, spec in properties.items()}
+        values |= section
+        if values["lock"] not in LOCK_MODES:
+            raise ValueError(
+                f"host_sharing.lock {values['lock']!r}: one of {LOCK_MODES}"
+            )
+        return cls(
+            lock=values["lock"],
+            lock_wait_s=float(values["lock_wait_s"]),
+            lock_file=Path(values["lock_file"]),
+            max_other_load_cores=float(values["max_other_load_cores"]),
+        )
+
+
+class MeasurementLock:
+    """The host's measurement lock, held from ``acquire`` until ``release``."""
+
+    def __init__(self, descriptor: int, path: Path, record: dict):
+        self._descriptor: int | None = descriptor
+        self.path = path
+        self.record = record  # what provenance keeps: waited, and for whom
+
+    @classmethod
+    def acquire(cls, sharing: HostSharing, holder: str) -> MeasurementLock:
+        """Take the lock, waiting as ``sharing`` allows; ``holder`` says what for.
+
+        Raises HostBusy when the lock is held and the config says ``fail``, or
+        after ``lock_wait_s`` of waiting.
+        """
+        path = sharing.lock_file
+        descriptor = _open_lock_file(path)
+        started = time.monotonic()
+        held_by = None
+        try:
+            while not _try_lock(descriptor):
+                first_try = held_by is None
+                held_by = held_by or _holder_of(descriptor) or "an unnamed holder"
+                waited = time.monotonic() - started
+                if sharing.lock == "fail" or waited > sharing.lock_wait_s:
+                    raise HostBusy(_busy_message(sharing, path, held_by, waited))
+                if first_try:
+                    log.info(
+                        "waiting for the host's measurement lock %s, held by %s "
+                        "(up to %g s: host_sharing.lock_wait_s)",
+                        path,
+                        held_by,
+                        sharing.lock_wait_s,
+                    )
+                time.sleep(POLL_S)
+            _write_holder(descriptor, holder)
+        except BaseException:
+            os.close(descriptor)
+            raise
+        waited = round(time.monotonic() - started, 3)
+        if held_by:
+            log.info("measurement lock taken after %.1f s", waited)
+        return cls(
+            descriptor,
+            path,
+            {"lock_file": str(path), "waited_s": waited, "waited_for": held_by},
+        )
+
+    def release(self) -> None:
+        """Let the next measurement on this host begin; safe to repeat."""
+        if self._descriptor is None:
+            return
+        try:
+            os.ftruncate(self._descriptor, 0)
+        finally:
+            os.close(self._descriptor)  # closing drops the flock
+            self._descriptor = None
+
+    def __enter__(self) -> MeasurementLock:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.release()
+
+
+def _open_lock_file(path: Path) -> int:
+    """The lock file, created readable and writable by every user (a pipeline
+    run as another user must be able to wait on it and name itself).
+
+    Never through a symbolic link, and only a regular file: the holder's record
+    is written into it, so a link planted in a shared directory must not turn
+    that into a write elsewhere.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    descriptor = os.open(path, flags, 0o666)
+    try:
+        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+            raise OSError(errno.EINVAL, f"{path} is not a regular file")
+        try:
+            os.fchmod(descriptor, 0o666)
+        except PermissionError:
+            pass  # another user's file: it was made shareable when created
+    except BaseException:
+        os.close(descriptor)
+        raise
+    return descriptor
+
+
+def _try_lock(descriptor: int) -> bool:
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as error:
+        if error.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+            return False
+        raise
+    return True
+
+
+def _write_holder(descriptor: int, holder: str) -> None:
+    record = {
+        "pid": os.getpid(),
+        "holder": holder,
+        "since": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
+    os.ftruncate(descriptor, 0)
+    os.pwrite(descriptor, (json.dumps(record) + "\n").encode(), 0)
+
+
+def _holder_of(descriptor: int) -> str | None:
+    """Who holds the lock, as its holder wrote it (None if not written yet)."""
+    try:
+        record = json.loads(os.pread(descriptor, 4096, 0) or b"null")
+    except ValueError:
+        return None
+    if not isinstance(record, dict):
+        return None
+    return (
+        f"pid {record.get('pid')} ({record.get('holder')}, since {record.get('since')})"
+    )
+
+
+def _busy_message(sharing: HostSharing, path: Path, holder: str, waited: float) -> str:
+    if sharing.lock == "fail":
+        return (
+            f"another measurement holds this host: {holder} holds {path}. "
+            "host_sharing.lock is 'fail', so this run does not wait; run it when "
+            "the other pipeline is done, or set host_sharing.lock: wait"
+        )
+    return (
+        f"waited {waited:.0f} s for this host's measurement lock {path}, held by "
+        f"{holder}, longer than host_sharing.lock_wait_s ({sharing.lock_wait_s:g} s)"
+    )

@@ -1,0 +1,89 @@
+"""What a run record needs to be traced to the code, config and host that made it.
+
+Every run's provenance gets, besides what the runner saw of the server:
+
+- this project's commit and whether its tree had uncommitted changes;
+- the sha256 of the experiment's effective config (the validated, defaults-filled
+  config the workflow ran, as canonical JSON), so two runs of the same settings
+  show the same hash whatever files and key order they came from;
+- the host's description, as preflight wrote it (host.json);
+- the versions of Python, torch and the engine under study.
+
+Enough to rerun it: check out the commit, give the same config, use the same
+engine release.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import subprocess
+from pathlib import Path
+
+from serving_study.config.platform import PROJECT_ROOT
+
+GIT_TIMEOUT_S = 30
+
+
+def project_commit(root: Path = PROJECT_ROOT) -> dict:
+    """The checked-out commit of ``root`` and whether tracked files differ from
+    it; both None when ``root`` is not a git checkout (an unpacked release)."""
+
+    def git(*arguments: str) -> str | None:
+        try:
+            finished = subprocess.run(
+                ["git", "-C", str(root), *arguments],
+                capture_output=True,
+                text=True,
+                timeout=GIT_TIMEOUT_S,
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return finished.stdout if finished.returncode == 0 else None
+
+    commit = git("rev-parse", "HEAD")
+    if commit is None:
+        return {"commit": None, "dirty": None}
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "commit": commit.strip(),
+        "dirty": None if status is None else bool(status.strip()),
+    }
+
+
+def config_sha256(config: dict) -> str:
+    """The sha256 of the config as canonical JSON (sorted keys, no spaces)."""
+    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def engine_version(variant: dict) -> dict:
+    """The engine release under study: the variant's source (package and version,
+    or commit) and its change (patch or pull request), from its identity record."""
+    source = variant["source"]
+    return {
+        **{key: source.get(key) for key in ("package", "version", "commit", "sha256")},
+        "patch": variant.get("patch"),
+        "pull_request": variant.get("pull_request"),
+    }
+
+
+def run_provenance(config: dict, host: dict, variant: dict) -> dict:
+    """The fields every run record carries (see the module docstring)."""
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = None
+    return {
+        "project": project_commit(),
+        "config_sha256": config_sha256(config),
+        "host": host,
+        "versions": {
+            "python": platform.python_version(),
+            "torch_of_runner": torch_version,
+            "engine": engine_version(variant),
+        },
+    }

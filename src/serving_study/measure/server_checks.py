@@ -1,0 +1,129 @@
+"""What a run's server is and did, checked: the facts a run's validity rests on.
+
+``server_identity`` asks the running server what it is: the transport it
+resolved, the ``mm_utils.py`` its main process loaded, its intra-op threads, and
+for real SGLang what its log says (``server_log_facts``). ``validity_checks``
+adds the quota in force, the environment seen in the server, restarts and the
+client's limits. ``run_metrics`` turns the result into a run's reasons.
+"""
+
+import os
+
+import psutil
+
+from serving_study.config.platform import PROJECT_ROOT
+from serving_study.config.secrets import secret_names
+from serving_study.measure.server_log_facts import (
+    inline_fallback_reported,
+    is_reported,
+    loaded_modules,
+    main_process_load,
+    stand_in_calls,
+)
+from serving_study.servers.container_runtime import ContainerServer
+from serving_study.servers.environment import redacted_check
+from serving_study.servers.host import quota_cores
+from serving_study.servers.local_runtime import LocalServer
+from serving_study.sources.variants import changed_modules
+
+
+def environment_seen(pid: int, names) -> dict:
+    """The values of ``names`` in the running server's own environment (/proc)."""
+    try:
+        environment = psutil.Process(pid).environ()
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return {name: None for name in names}
+    return {name: environment.get(name) for name in names}
+
+
+def validity_checks(
+    arm: dict,
+    client: dict,
+    server_info: dict,
+    window: dict,
+    server: LocalServer | ContainerServer,
+    identity: dict,
+    max_other_load_cores: float | None = None,
+) -> dict:
+    """The facts the run's validity rests on; ``max_other_load_cores`` bounds the
+    host's other load during the window (None: not checked)."""
+    quota = server.group.quota_in_force() if server.group else {}
+    # The arm's secrets are expected with the runner's values (what it passed on).
+    secrets = secret_names(arm)
+    expected = dict(arm.get("environment", {}))
+    expected |= {name: os.environ.get(name) for name in secrets}
+    reported = identity.pop("environment_reported", None)
+    seen = environment_seen(server.pid, expected)
+    if reported is not None:
+        seen |= {name: reported.get(name) for name in expected if is_reported(name)}
+    expected_record, seen_record = redacted_check(expected, seen, secrets)
+    return {
+        "quota_expected_cores": quota_cores(arm),
+        "quota_in_force_cores": quota.get("cores"),
+        "environment_expected": expected_record,
+        "environment_seen": seen_record,
+        "server_restarted": bool(window.get("server_pids_changed")),
+        "max_dispatch_lag_ms_allowed": client["max_dispatch_lag_ms"],
+        "warmup_requests": client["warmup_requests"],
+        "max_other_load_cores_allowed": max_other_load_cores,
+        **identity,
+    }
+
+
+def server_identity(
+    engine: dict,
+    arm: dict,
+    variant: dict,
+    server_info: dict,
+    server: LocalServer | ContainerServer,
+) -> dict:
+    """What the running server says it is: the transport it resolved, the
+    ``mm_utils.py`` its main process loaded, its main process's intra-op threads,
+    and (real SGLang) whether an image went inline or a stand-in placeholder ran.
+
+    The embedded engine reports these on ``/server_info``; real SGLang's processes
+    report them in its log (``server_log_facts``). A check this engine cannot make
+    is listed under ``not_checked``, never passed silently.
+    """
+    facts = {
+        "transport_expected": arm["transport"],
+        "mm_utils_sha256_expected": variant["mm_utils_sha256"],
+        "not_checked": [],
+    }
+    if engine["engine"] != "sglang":
+        return facts | {
+            "transport_seen": server_info.get("transport"),
+            "mm_utils_sha256_loaded": server_info.get("mm_utils_sha256"),
+            "torch_threads_seen": server_info.get("torch_num_threads"),
+        }
+    log_text = server.log_path.read_text(errors="replace")
+    main_pid = server.pid if isinstance(server, LocalServer) else None
+    load = main_process_load(log_text, main_pid)
+    calls = stand_in_calls(log_text)
+    reported = {report.module for report in loaded_modules(log_text)}
+    facts |= {
+        "patched_modules_never_loaded": [
+            module
+            for module in changed_modules(variant, PROJECT_ROOT)
+            if module not in reported
+        ],
+        "transport_seen": server_info.get("mm_feature_transport"),
+        "mm_utils_loaded_from": load.file if load else None,
+        "mm_utils_sha256_loaded": load.sha256 if load else None,
+        "torch_threads_seen": load.torch_threads if load else None,
+        # The main process's own view of its thread knobs (see the probe).
+        "environment_reported": load.environment if load else None,
+        "inline_fallback_reported": inline_fallback_reported(log_text),
+        "stand_in_placeholders_called": sorted(
+            {call.op for call in calls if call.placeholder}
+        ),
+        "stand_in_ops_called": sorted(
+            {f"{call.op} ({call.title})" for call in calls if not call.placeholder}
+        ),
+    }
+    if load is None:
+        facts["not_checked"].append(
+            "mm_utils.py loaded and intra-op threads: the server's main process "
+            "printed no load report (no load probe on its path)"
+        )
+    return facts

@@ -1,0 +1,1 @@
+"""Drawing: the self-contained HTML report and its charts."""

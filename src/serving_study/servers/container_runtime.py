@@ -1,0 +1,564 @@
+"""Starting a server in a container (docker or podman) with the arm's CPU quota.
+
+``ContainerServer`` has the interface of ``local_runtime.LocalServer``, so the arm
+runner treats both alike. The container runs detached, on the host's network (the
+server binds 127.0.0.1 on a free port and the client stays outside), with the
+arm's quota as ``--cpus``, the arm's environment and nothing else of the host's,
+a ``/dev/shm`` sized for the workload's largest tensor (Docker's default 64 MiB
+would silently push SGLang off the shared-memory path under study) or the host's
+IPC namespace, GPUs when asked, and read-only mounts (the model). The monitors
+stay on the host: the container's processes are host processes, found from its
+init pid, and its cgroup is read where the runtime made it.
+
+Teardown is one ``stop()`` that leaves nothing behind: the container is stopped
+(SIGTERM, SIGKILL after a grace period), the shared-memory segments its
+processes left are listed and removed, and the container is removed.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import re
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+import psutil
+
+from serving_study.config.platform import SGLangPlatform
+from serving_study.servers import container_watchdog
+from serving_study.servers.cgroups import CpuGroup, QuotaUnavailable, group_of_pid
+from serving_study.servers.host import feature_bytes
+from serving_study.servers.local_runtime import log_tail
+
+log = logging.getLogger(__name__)
+
+RUNTIMES = ("docker", "podman")
+# Least privilege: neither engine needs a capability (servers run as the image's
+# root, bind ports above 1024 on the host's network, write /dev/shm, /tmp and the
+# root-owned compile cache, and signal only their own processes), and nothing in
+# a container may gain privileges (setuid binaries) after it starts.
+LEAST_PRIVILEGE = ("--cap-drop", "ALL", "--security-opt", "no-new-privileges")
+# An image id as docker writes it; podman may leave out the "sha256:".
+IMAGE_ID = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
+RUN_LABEL = "serving-study.run"
+# The pid of the runner that started the container: once it is gone, the
+# container is a leftover (leftovers.py removes it).
+OWNER_LABEL = "serving-study.owner"
+# SGLang 0.5.23 names segments sgl_shm_<kind>_<creator pid>_<8 hex>.
+SGLANG_SEGMENT_PREFIX = "sgl_shm_"
+HOST_SHARED_MEMORY = Path("/dev/shm")
+MIB = 1 << 20
+# Room in /dev/shm besides the image tensors (torch and SGLang keep a little there).
+SHARED_MEMORY_HEADROOM = 256 * MIB
+SHARED_MEMORY_MINIMUM = 1024 * MIB
+COMMAND_TIMEOUT_S = 300
+# Reads the quota as the processes inside see it (cgroup v2, else v1).
+QUOTA_INSIDE_SCRIPT = (
+    "cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo "
+    "$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) "
+    "$(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)"
+)
+
+
+class ContainerCommandFailed(RuntimeError):
+    """A docker/podman command the runner relies on failed; the message says which."""
+
+
+# --- Sizes and command lines (pure) --------------------------------------------------
+
+
+def largest_tensor_bytes(workload_manifest: Path) -> int:
+    """The largest image tensor of a workload (its manifest lists each image)."""
+    manifest = json.loads(Path(workload_manifest).read_text())
+    return max(feature_bytes(image) for image in manifest["images"])
+
+
+def shared_memory_bytes(largest_tensor: int, concurrency: int) -> int:
+    """A /dev/shm size that never runs out under the arm's load, in whole MiB.
+
+    Each request in flight holds one segment until the scheduler has read it, and a
+    read segment stays charged to /dev/shm while the scheduler maps it: two per
+    request at most, plus headroom. tmpfs takes memory only when used, so the
+    generous size costs nothing.
+    """
+    needed = 2 * concurrency * largest_tensor + SHARED_MEMORY_HEADROOM
+    return max(SHARED_MEMORY_MINIMUM, math.ceil(needed / MIB) * MIB)
+
+
+def container_options(
+    settings: dict,
+    platform: SGLangPlatform | None,
+    concurrency: int,
+    workload_manifest: Path,
+) -> dict:
+    """``shm_size``, ``ipc_host`` and ``gpus`` of one arm's container, from the
+    config's ``container`` section (see config.schema.yaml).
+
+    ``platform`` is where a real SGLang server runs, None for the embedded engine;
+    ``gpus: auto`` gives all GPUs only when it wants them (a GPU host), none on CPU.
+    """
+    shm_size = settings.get("shm_size")
+    if not shm_size and not settings["ipc_host"]:
+        size = shared_memory_bytes(largest_tensor_bytes(workload_manifest), concurrency)
+        shm_size = f"{size // MIB}m"
+    gpus = settings["gpus"]
+    if gpus == "auto":
+        gpus = "all" if platform is not None and platform.container_gpus else "none"
+    return {"shm_size": shm_size, "ipc_host": settings["ipc_host"], "gpus": gpus}
+
+
+def read_image_id(image_id_file: str | Path) -> str:
+    """The image id a build wrote with --iidfile (``sha256:...``)."""
+    text = Path(image_id_file).read_text().strip()
+    image_id = normal_image_id(text)
+    if image_id is None:
+        raise ContainerCommandFailed(
+            f"{image_id_file} holds {text[:80]!r}, not an image id (sha256:...); "
+            "build the image again"
+        )
+    return image_id
+
+
+def normal_image_id(text: str) -> str | None:
+    """``sha256:<64 hex>`` from an image id in either runtime's spelling, or None
+    (a tag is not an id)."""
+    matched = IMAGE_ID.fullmatch(text.strip())
+    return f"sha256:{matched.group(1)}" if matched else None
+
+
+def gpu_options(runtime: str, gpus: str | None) -> list[str]:
+    """``--gpus`` for docker; podman names NVIDIA GPUs as CDI devices instead."""
+    if not gpus or gpus == "none":
+        return []
+    if runtime == "docker":
+        # docker reads --gpus as CSV: a device list must be one quoted field.
+        return ["--gpus", f'"{gpus}"' if "," in gpus else gpus]
+    devices = ["all"] if gpus == "all" else gpus.removeprefix("device=").split(",")
+    return [
+        option
+        for device in devices
+        for option in ("--device", f"nvidia.com/gpu={device}")
+    ]
+
+
+def container_name(group_name: str) -> str:
+    """A container name from the run's group name, in the characters names allow."""
+    return "serving-study-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", group_name)
+
+
+def run_command(
+    *,
+    runtime: str,
+    image: str,
+    command: list[str],
+    name: str,
+    label: str,
+    environment: dict[str, str],
+    quota_cores: float | None,
+    shm_size: str | None,
+    passed_environment: Sequence[str] = (),
+    ipc_host: bool = False,
+    gpus: str | None = None,
+    read_only_mounts: Sequence[tuple[str, str]] = (),
+    writable_mounts: Sequence[tuple[str, str]] = (),
+) -> list[str]:
+    """``docker run --detach`` (or ``podman run``) of ``command`` in ``image``.
+
+    ``quota_cores`` None starts the container without a quota (``apply_quota`` adds
+    it later); ``shm_size`` is the size of a private /dev/shm (e.g. ``"2048m"``),
+    unused when ``ipc_host`` shares the host's. ``passed_environment`` names
+    variables the container gets from the runtime client's environment (secrets:
+    ``--env NAME``, so no value is on the command line or in its records).
+    """
+    if runtime not in RUNTIMES:
+        raise ValueError(f"runtime {runtime!r} is not one of {RUNTIMES}")
+    argv = [
+        runtime,
+        "run",
+        "--detach",
+        "--name",
+        name,
+        "--label",
+        f"{RUN_LABEL}={label}",
+        "--label",
+        f"{OWNER_LABEL}={os.getpid()}",
+    ]
+    log_driver = "json-file" if runtime == "docker" else "k8s-file"
+    argv += ["--network=host", f"--log-driver={log_driver}", *LEAST_PRIVILEGE]
+    if quota_cores is not None:
+        argv += ["--cpus", f"{quota_cores:g}"]
+    if ipc_host:
+        argv.append("--ipc=host")
+    elif shm_size:
+        argv += ["--shm-size", shm_size]
+    argv += gpu_options(runtime, gpus)
+    for host_path, container_path in read_only_mounts:
+        argv += ["--volume", f"{host_path}:{container_path}:ro"]
+    for host_path, container_path in writable_mounts:
+        argv += ["--volume", f"{host_path}:{container_path}:rw"]
+    for variable, value in sorted(environment.items()):
+        argv += ["--env", f"{variable}={value}"]
+    for variable in passed_environment:
+        argv += ["--env", variable]
+    return argv + ["--", image, *command]
+
+
+def parse_quota(text: str) -> dict:
+    """``cpu.max`` text (``"max 100000"``, ``"50000 100000"``; v1 ``"-1 100000"``)."""
+    quota_text, period_text = text.split()
+    period_us = int(period_text)
+    quota_us = None if quota_text in ("max", "-1") else int(quota_text)
+    return {
+        "quota_us": quota_us,
+        "period_us": period_us,
+        "cores": None if quota_us is None else quota_us / period_us,
+    }
+
+
+def namespace_pid(pid: int) -> int | None:
+    """The pid a host process has inside its own pid namespace (NSpid's last field)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def segment_creator(name: str) -> int | None:
+    parts = name.split("_")
+    if len(parts) >= 5 and parts[-2].isdigit():
+        return int(parts[-2])
+    return None
+
+
+# --- The server ------------------------------------------------------------------
+
+
+class _ContainerProcess:
+    """What ``client.wait_until_healthy`` asks of a server process: ``poll()``."""
+
+    def __init__(self, server: ContainerServer):
+        self._server = server
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        self.returncode = self._server.exit_code()
+        return self.returncode
+
+
+class ContainerServer:
+    """One server in a fresh container with the arm's quota (see module docstring).
+
+    ``argv`` is the server's command inside the image; ``run_argv`` the runtime
+    command that starts it.
+    """
+
+    def __init__(
+        self,
+        argv: list[str],
+        environment: dict[str, str],
+        quota_cores: float | None,
+        group_name: str,
+        log_path: Path,
+        quota_during_startup: bool = True,
+        *,
+        image: str,
+        runtime: str = "docker",
+        shm_size: str | None = None,
+        ipc_host: bool = False,
+        gpus: str | None = None,
+        read_only_mounts: Sequence[tuple[str, str]] = (),
+        writable_mounts: Sequence[tuple[str, str]] = (),
+        passed_environment: Sequence[str] = (),
+    ):
+        self.argv = argv
+        self.environment = dict(environment)
+        self.quota_cores = quota_cores
+        self.group_name = group_name
+        self.log_path = Path(log_path)
+        self.quota_during_startup = quota_during_startup
+        self.runtime = runtime
+        self.image = image
+        self.name = container_name(group_name)
+        self.ipc_host = ipc_host
+        self.run_argv = run_command(
+            runtime=runtime,
+            image=image,
+            command=argv,
+            name=self.name,
+            label=group_name,
+            environment=self.environment,
+            passed_environment=list(passed_environment),
+            quota_cores=quota_cores if quota_during_startup else None,
+            shm_size=shm_size,
+            ipc_host=ipc_host,
+            gpus=gpus,
+            read_only_mounts=list(read_only_mounts),
+            writable_mounts=list(writable_mounts),
+        )
+        self.container_id: str | None = None
+        # The image the runtime says the container runs (its id), once started.
+        self.image_run: str | None = None
+        self.group: CpuGroup | None = None
+        self.process = _ContainerProcess(self)
+        self.known_pids: set[int] = set()
+        self.namespace_pids: set[int] = set()
+        self.leaked_segments: list[str] = []
+        self._init_pid: int | None = None
+        self._exit_code: int | None = None
+        self._log_follower: subprocess.Popen | None = None
+        self._watchdog: subprocess.Popen | None = None
+
+    # -- runtime commands
+
+    def _runtime(self, *arguments: str, timeout: float = COMMAND_TIMEOUT_S):
+        return subprocess.run(
+            [self.runtime, *arguments],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def _state(self) -> dict | None:
+        """The container's ``State`` record, None once it is gone."""
+        finished = self._runtime(
+            "inspect", "--format", "{{json .State}}", self.container_id
+        )
+        if finished.returncode != 0:
+            return None
+        return json.loads(finished.stdout)
+
+    def _image_run(self) -> str | None:
+        finished = self._runtime("inspect", "--format", "{{.Image}}", self.container_id)
+        if finished.returncode != 0:
+            return None
+        return normal_image_id(finished.stdout)
+
+    # -- the interface of LocalServer
+
+    def start(self) -> None:
+        """Start the container; a refused start shows as an exit code and in the log."""
+        finished = self._runtime(*self.run_argv[1:])
+        if finished.returncode != 0:
+            self._exit_code = finished.returncode or 1
+            with open(self.log_path, "a") as server_log:
+                server_log.write(
+                    f"`{self.runtime} run` failed with code {finished.returncode}: "
+                    f"{finished.stderr.strip()}\n"
+                )
+            log.error("%s run failed: %s", self.runtime, finished.stderr.strip())
+            return
+        self.container_id = finished.stdout.strip().splitlines()[-1]
+        try:
+            # Removes the container should this runner be killed outright.
+            self._watchdog = container_watchdog.watch(self.runtime, self.container_id)
+            self._watch_started_container()
+        except BaseException:
+            self.stop()  # started, never handed over: leave nothing behind
+            raise
+
+    def _watch_started_container(self) -> None:
+        with open(self.log_path, "ab") as server_log:
+            # Follows the logs until the container stops, so it also tells (cheaply)
+            # whether the container still runs.
+            self._log_follower = subprocess.Popen(
+                [self.runtime, "logs", "--follow", self.container_id],
+                stdin=subprocess.DEVNULL,
+                stdout=server_log,
+                stderr=subprocess.STDOUT,
+            )
+        self.image_run = self._image_run()
+        state = self._state() or {}
+        if state.get("Pid"):
+            self._init_pid = state["Pid"]
+            self.known_pids.add(self._init_pid)
+            try:
+                self.group = group_of_pid(self._init_pid)
+            except QuotaUnavailable:
+                # Exited already: exit_code() tells, and there is nothing to read.
+                if psutil.pid_exists(self._init_pid):
+                    raise
+        log.info(
+            "container %s (%s) started, init pid %s, quota %s cores%s",
+            self.name,
+            self.container_id[:12],
+            self._init_pid,
+            "none" if self.quota_cores is None else f"{self.quota_cores:g}",
+            "" if self.quota_during_startup else " once healthy",
+        )
+
+    @property
+    def pid(self) -> int | None:
+        """The container's init process on the host (the server's main process)."""
+        return self._init_pid
+
+    def apply_quota(self) -> None:
+        """Put the arm's quota in force on the running container (``update``)."""
+        if self.quota_cores is None:
+            return
+        finished = self._runtime(
+            "update", "--cpus", f"{self.quota_cores:g}", self.container_id
+        )
+        if finished.returncode != 0:
+            raise ContainerCommandFailed(
+                f"`{self.runtime} update --cpus {self.quota_cores:g}` failed: "
+                f"{finished.stderr.strip()}; set client.quota_during_startup: true "
+                "to give the quota at start instead"
+            )
+        log.info("quota of %g cores in force", self.quota_cores)
+
+    def settle_after_start(self) -> None:
+        """Nothing to move: a container's quota always covers the whole server."""
+
+    def quota_seen_inside(self) -> dict | None:
+        """The CPU quota as a process inside the container reads it, or None."""
+        if self.container_id is None:
+            return None
+        finished = self._runtime(
+            "exec", self.container_id, "sh", "-c", QUOTA_INSIDE_SCRIPT
+        )
+        if finished.returncode != 0:
+            log.warning("could not read the quota inside: %s", finished.stderr.strip())
+            return None
+        return parse_quota(finished.stdout)
+
+    def remember_tree(self) -> None:
+        """Note every pid of the container (host and namespace pids), for the sweep."""
+        if self._init_pid is None:
+            return
+        try:
+            root = psutil.Process(self._init_pid)
+            self.known_pids.update(child.pid for child in root.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+        if self.group is not None:
+            self.known_pids.update(self.group.pids())
+        for pid in self.known_pids:
+            inner = namespace_pid(pid)
+            if inner is not None:
+                self.namespace_pids.add(inner)
+
+    def exit_code(self) -> int | None:
+        """None while the container runs; its exit code once it stopped."""
+        if self._exit_code is not None or self.container_id is None:
+            return self._exit_code
+        if self._log_follower is not None and self._log_follower.poll() is None:
+            return None
+        state = self._state()
+        if state is None or state.get("Running"):
+            return None
+        self._exit_code = state.get("ExitCode")
+        return self._exit_code
+
+    def log_tail(self, lines: int = 30) -> str:
+        return log_tail(self.log_path, lines)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop and remove the container; list and remove the segments it left."""
+        try:
+            if self.container_id is not None:
+                self.remember_tree()
+                shared_memory = self._open_shared_memory()
+                try:
+                    self._stop_container(grace_s)
+                    if shared_memory is not None:
+                        self._sweep_segments(shared_memory)
+                finally:
+                    if shared_memory is not None:
+                        os.close(shared_memory)
+        finally:
+            try:
+                self._remove_container()
+            finally:
+                self._stop_log_follower()
+
+    # -- teardown steps
+
+    def _open_shared_memory(self) -> int | None:
+        """A descriptor of the container's /dev/shm, kept open across its stop.
+
+        A private /dev/shm is reached through the init process while it lives; the
+        open directory stays readable after every process has gone. With the host's
+        IPC namespace the container's /dev/shm is the host's.
+        """
+        if self.ipc_host:
+            return os.open(HOST_SHARED_MEMORY, os.O_RDONLY | os.O_DIRECTORY)
+        if self._init_pid is None:
+            return None
+        try:
+            return os.open(
+                f"/proc/{self._init_pid}/root/dev/shm", os.O_RDONLY | os.O_DIRECTORY
+            )
+        except OSError as error:
+            log.warning("cannot open the container's /dev/shm: %s", error)
+            return None
+
+    def _stop_container(self, grace_s: float) -> None:
+        seconds = str(max(1, math.ceil(grace_s)))
+        finished = self._runtime(
+            "stop", "--time", seconds, self.container_id, timeout=grace_s + 60
+        )
+        if finished.returncode != 0:
+            log.warning("%s stop failed: %s", self.runtime, finished.stderr.strip())
+        # Ask the runtime, not the log follower, which may lag behind the stop.
+        state = self._state()
+        if state is not None and not state.get("Running"):
+            self._exit_code = state.get("ExitCode")
+
+    def _sweep_segments(self, shared_memory: int) -> None:
+        """Remove SGLang segments the container's processes left (names recorded).
+
+        In a private /dev/shm every segment is the container's; in the host's, only
+        those whose creator pid (a namespace pid) was one of the container's.
+        """
+        for name in sorted(os.listdir(shared_memory)):
+            if not name.startswith(SGLANG_SEGMENT_PREFIX):
+                continue
+            if self.ipc_host and segment_creator(name) not in self.namespace_pids:
+                continue
+            self.leaked_segments.append(name)
+            try:
+                os.unlink(name, dir_fd=shared_memory)
+            except FileNotFoundError:
+                pass
+        if self.leaked_segments:
+            log.warning(
+                "removed %d shared-memory segments the server left behind",
+                len(self.leaked_segments),
+            )
+
+    def _remove_container(self) -> None:
+        if self.container_id is None and self._exit_code is not None:
+            return  # the runtime refused to create it
+        # By name when the start was interrupted before the id came back.
+        container = self.container_id or self.name
+        finished = self._runtime("rm", "--force", "--volumes", container)
+        if finished.returncode != 0 and "no such container" not in (
+            finished.stderr.lower()
+        ):
+            log.warning("%s rm failed: %s", self.runtime, finished.stderr.strip())
+        if self._watchdog is not None:
+            container_watchdog.stop(self._watchdog)
+
+    def _stop_log_follower(self) -> None:
+        if self._log_follower is None:
+            return
+        try:
+            self._log_follower.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self._log_follower.kill()
+            self._log_follower.wait()
+
+    def __enter__(self) -> ContainerServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

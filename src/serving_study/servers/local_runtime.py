@@ -1,0 +1,249 @@
+"""Starting a server process tree on this host inside its own CPU-quota cgroup.
+
+The server is started through ``serving_study.servers.cgroup_exec``, which joins the
+cgroup before exec, so every thread and child (scheduler, resource tracker) is born
+inside the quota, and it is killed if the runner dies (``parent_death``). The client and
+the monitors stay in the caller's cgroup. Teardown is one ``stop()`` that always leaves
+nothing behind: the process group is terminated, then everything still in the cgroup is
+killed, the cgroup removed, and any shared-memory segment the server's processes created
+is unlinked and reported.
+
+With ``quota_scope="main_process"`` the quota binds the main process alone: once
+the server is up, its model processes (titled ``sglang::...``: scheduler,
+detokenizer) and their children move to a second group without a quota. That
+models a host whose model runs elsewhere (on a GPU), where the main process's own
+CPU is what the quota starves.
+"""
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import psutil
+
+from serving_study.servers.cgroups import CpuQuotaGroup, wrap_command
+from serving_study.servers.parent_death import killed_with_parent
+
+log = logging.getLogger(__name__)
+
+SHARED_MEMORY = Path("/dev/shm")
+# SGLang 0.5.23 names segments sgl_shm_<kind>_<creator pid>_<8 hex>.
+SGLANG_SEGMENT_PREFIX = "sgl_shm_"
+# SGLang's load-report slot files carry no pid and outlive the server.
+SGLANG_LOAD_FILES = "sglang_loads_*.shm"
+MODEL_PROCESS_TITLE_PREFIX = "sglang::"
+QUOTA_SCOPES = ("server", "main_process")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (the server may still lose a race)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def log_tail(log_path: Path, lines: int = 30) -> str:
+    """The last lines of a server's log (empty when there is none yet)."""
+    try:
+        text = log_path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
+def load_report_files() -> set[Path]:
+    return set(SHARED_MEMORY.glob(SGLANG_LOAD_FILES))
+
+
+def model_processes(pids: list[int]) -> list[int]:
+    """Of ``pids``, the processes titled ``sglang::...`` and all their children."""
+    found: set[int] = set()
+    for pid in pids:
+        try:
+            process = psutil.Process(pid)
+            if process.name().startswith(MODEL_PROCESS_TITLE_PREFIX):
+                found.add(pid)
+                found.update(child.pid for child in process.children(recursive=True))
+        except psutil.NoSuchProcess:
+            continue
+    return sorted(found)
+
+
+def segments_created_by(pids: set[int]) -> list[Path]:
+    """SGLang shared-memory segments whose creator pid is one of ``pids``."""
+    found = []
+    for path in SHARED_MEMORY.glob(f"{SGLANG_SEGMENT_PREFIX}*"):
+        parts = path.name.split("_")
+        if len(parts) >= 5 and parts[-2].isdigit() and int(parts[-2]) in pids:
+            found.append(path)
+    return found
+
+
+class LocalServer:
+    """One server process tree in a fresh cgroup with the arm's quota."""
+
+    def __init__(
+        self,
+        argv: list[str],
+        environment: dict[str, str],
+        quota_cores: float | None,
+        group_name: str,
+        log_path: Path,
+        quota_during_startup: bool = True,
+        quota_scope: str = "server",
+        terminate_leader_only: bool = False,
+    ):
+        if quota_scope not in QUOTA_SCOPES:
+            raise ValueError(f"quota_scope {quota_scope!r}: one of {QUOTA_SCOPES}")
+        self.quota_scope = quota_scope
+        # SGLang's main process stops its children itself; a SIGTERM to the whole
+        # group makes it take a dying child for a crash and wait 5 s for diagnostics.
+        self.terminate_leader_only = terminate_leader_only
+        self.model_group: CpuQuotaGroup | None = None
+        self.moved_model_pids: list[int] = []
+        self.argv = argv
+        self.environment = environment
+        self.quota_cores = quota_cores
+        self.group_name = group_name
+        self.log_path = log_path
+        self.quota_during_startup = quota_during_startup
+        self.group: CpuQuotaGroup | None = None
+        self.process: subprocess.Popen | None = None
+        self.known_pids: set[int] = set()
+        self.leaked_segments: list[str] = []
+        self.load_files_before: set[Path] = set()
+
+    def start(self) -> None:
+        self.load_files_before = load_report_files()
+        self.group = CpuQuotaGroup.create(
+            self.group_name, self.quota_cores if self.quota_during_startup else None
+        )
+        with open(self.log_path, "ab") as server_log:
+            self.process = subprocess.Popen(
+                wrap_command(self.group, self.argv),
+                env=self.environment,
+                stdin=subprocess.DEVNULL,
+                stdout=server_log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                # A runner killed outright takes its server with it.
+                preexec_fn=killed_with_parent,
+            )
+        self.known_pids.add(self.process.pid)
+        log.info(
+            "server pid %d started in cgroup %s (quota %s cores)",
+            self.process.pid,
+            self.group_name,
+            "none" if self.quota_cores is None else f"{self.quota_cores:g}",
+        )
+
+    def apply_quota(self) -> None:
+        """Put the arm's quota in force (when start-up ran without it)."""
+        self.group.set_quota(self.quota_cores)
+        log.info("quota of %s cores in force", self.quota_cores)
+
+    def settle_after_start(self) -> None:
+        """Once healthy: with the main-process scope, move the model processes out
+        of the quota's group (see the module's docstring)."""
+        if self.quota_scope != "main_process":
+            return
+        self.model_group = CpuQuotaGroup.create(f"{self.group_name}-model", None)
+        moved = model_processes(self.group.pids())
+        if not moved:
+            raise RuntimeError(
+                "quota_scope main_process: the server has no sglang::* model "
+                "processes to move out of the quota (is this a real SGLang server?)"
+            )
+        for pid in moved:
+            self.model_group.adopt(pid)
+        self.moved_model_pids = moved
+        log.info(
+            "model processes %s moved out of the quota into %s",
+            moved,
+            self.model_group.cpu_directory,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def remember_tree(self) -> None:
+        """Note every pid of the tree, so their segments can be found after death."""
+        try:
+            root = psutil.Process(self.process.pid)
+            self.known_pids.update(child.pid for child in root.children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+        for group in (self.group, self.model_group):
+            if group is not None:
+                self.known_pids.update(group.pids())
+
+    def exit_code(self) -> int | None:
+        return None if self.process is None else self.process.poll()
+
+    def log_tail(self, lines: int = 30) -> str:
+        return log_tail(self.log_path, lines)
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Terminate the tree, empty and remove the cgroup, unlink leaked segments."""
+        try:
+            if self.process is not None:
+                self.remember_tree()
+                self._terminate_process_group(grace_s)
+        finally:
+            try:
+                for group in (self.group, self.model_group):
+                    if group is not None:
+                        self.known_pids.update(group.pids())
+                        group.remove()
+            finally:
+                self._unlink_leaked_segments()
+
+    def _terminate_process_group(self, grace_s: float) -> None:
+        if self.process.poll() is None:
+            try:
+                if self.terminate_leader_only:
+                    self.process.send_signal(signal.SIGTERM)
+                else:
+                    os.killpg(self.process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+            try:
+                self.process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                log.warning("server did not stop in %.0f s; killing it", grace_s)
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.process.wait()
+        # The scheduler notices its parent's death within a poll interval; give the
+        # group a moment before the cgroup removal kills what is left.
+        deadline = time.monotonic() + 2.0
+        groups = [group for group in (self.group, self.model_group) if group]
+        while any(group.pids() for group in groups) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    def _unlink_leaked_segments(self) -> None:
+        for segment in segments_created_by(self.known_pids):
+            self.leaked_segments.append(segment.name)
+            segment.unlink(missing_ok=True)
+        # SGLang leaves these by design on shutdown: removed, not counted as leaks.
+        for load_file in load_report_files() - self.load_files_before:
+            load_file.unlink(missing_ok=True)
+        if self.leaked_segments:
+            log.warning(
+                "removed %d shared-memory segments the server left behind",
+                len(self.leaked_segments),
+            )
+
+    def __enter__(self) -> "LocalServer":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,410 @@
+"""Binary search between two commits for the one that changed a figure.
+
+Given a git repository, an older commit ``good`` (before the change) and a newer
+commit ``bad`` (after it), the search walks the first-parent history from good to
+bad. Each probe fetches its commit's source (``sources.fetch_source``, a git
+record), lays it out as an unpatched variant, and measures it with
+``arm_runner.run_arm``: ``runs`` runs of one arm's settings. The two ends are
+measured first; they must differ by the change criterion (release_change.py),
+or there is nothing to find.
+
+A probe is then compared with both ends by the same criterion:
+
+- like good and unlike bad: the change came later, the probe is good;
+- unlike good and like bad: the change came at or before it, the probe is bad;
+- like both or unlike both (it lies between them): the nearer end by the ratio
+  of medians decides, and the probe's record says so;
+- too few valid runs on any side: the search stops and reports the commits it
+  could not narrow down.
+
+It ends when the good and bad probes are neighbours: the bad one is the first
+commit that changed the figure. Every probe is recorded (commit, its runs' spread,
+both comparisons, which side it fell on and why) in the result, which the Snakemake
+rule writes as ``results/<experiment>/bisect.json``.
+
+With first-parent history a change that arrived in a merge is found as that merge
+commit (SGLang squash-merges its pull requests, so there each commit is one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import subprocess
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+
+from serving_study.analysis.aggregate import arms_table, runs_table
+from serving_study.analysis.release_change import (
+    CANNOT_TELL,
+    ChangeCriterion,
+    Comparison,
+    Spread,
+    compare,
+    false_alarm_chance,
+)
+from serving_study.engine.shm_loader import VariantSourceError, load_variant_transport
+from serving_study.measure.arm_runner import RunPaths, run_arm
+from serving_study.sources.fetch import fetch_source
+from serving_study.sources.variants import prepare_variant
+
+log = logging.getLogger(__name__)
+
+GOOD = "good"
+BAD = "bad"
+
+FOUND = "found"
+ENDS_ALIKE = "ends do not differ"
+INCONCLUSIVE = "inconclusive"
+
+GIT_TIMEOUT_S = 1800
+
+
+class BisectError(RuntimeError):
+    """The bisect cannot start: the repository or its ends are not usable."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One measured commit and where it fell."""
+
+    commit: str
+    role: str
+    spread: Spread
+    side: str | None = None
+    against_good: Comparison | None = None
+    against_bad: Comparison | None = None
+    reason: str = ""
+    details: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {
+            "commit": self.commit,
+            "role": self.role,
+            **self.spread.as_dict(),
+            "side": self.side,
+            "against_good": self.against_good.as_dict() if self.against_good else None,
+            "against_bad": self.against_bad.as_dict() if self.against_bad else None,
+            "reason": self.reason,
+            **self.details,
+        }
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """What measuring one commit gave: its spread and anything worth recording."""
+
+    spread: Spread
+    details: dict = field(default_factory=dict)
+
+
+def classify(
+    probe: Spread, good: Spread, bad: Spread, criterion: ChangeCriterion
+) -> tuple[str | None, Comparison, Comparison, str]:
+    """Which end a probe is like: (side or None, vs good, vs bad, why)."""
+    against_good = compare(good, probe, criterion)
+    against_bad = compare(bad, probe, criterion)
+    if CANNOT_TELL in (against_good.verdict, against_bad.verdict):
+        return None, against_good, against_bad, "too few valid runs to compare"
+    if against_good.changed and not against_bad.changed:
+        return BAD, against_good, against_bad, "unlike good, like bad"
+    if against_bad.changed and not against_good.changed:
+        return GOOD, against_good, against_bad, "like good, unlike bad"
+    distance_to_good = abs(math.log(against_good.ratio))
+    distance_to_bad = abs(math.log(against_bad.ratio))
+    side = GOOD if distance_to_good < distance_to_bad else BAD
+    how = "unlike both" if against_good.changed else "like both"
+    return (
+        side,
+        against_good,
+        against_bad,
+        f"{how} by the criterion; its median is nearer the {side} end",
+    )
+
+
+def search(
+    commits: Sequence[str],
+    measure: Callable[[str, str], Measurement],
+    criterion: ChangeCriterion,
+) -> dict:
+    """Bisect ``commits`` (oldest, the good end, first; the bad end last).
+
+    ``measure(commit, role)`` runs one commit and returns its Measurement. Returns
+    the result: status, the first bad commit when found, and every probe.
+    """
+    if len(commits) < 2:
+        raise BisectError("a bisect needs two different commits, good and bad")
+    probes: list[Probe] = []
+
+    def measured(commit: str, role: str) -> Spread:
+        measurement = measure(commit, role)
+        probes.append(
+            Probe(commit, role, measurement.spread, details=measurement.details)
+        )
+        return measurement.spread
+
+    good = measured(commits[0], "good end")
+    bad = measured(commits[-1], "bad end")
+    ends = compare(good, bad, criterion)
+    result = {
+        "criterion": {
+            "metric": criterion.metric,
+            "min_change": criterion.min_change,
+            "min_valid_runs": criterion.min_valid_runs,
+            "false_alarm_chance": false_alarm_chance(
+                criterion.min_valid_runs, criterion.min_valid_runs
+            ),
+        },
+        "commits_in_range": len(commits),
+        "ends": ends.as_dict(),
+    }
+    if not ends.changed:
+        return {
+            **result,
+            "status": ENDS_ALIKE,
+            "reason": f"good and bad: {ends.verdict} ({ends.detail})",
+            "last_good_commit": None,
+            "first_bad_commit": None,
+            "probes": [probe.as_dict() for probe in probes],
+        }
+
+    low, high = 0, len(commits) - 1
+    status, reason = FOUND, ""
+    while high - low > 1:
+        middle = (low + high) // 2
+        spread = measured(commits[middle], "probe")
+        side, against_good, against_bad, why = classify(spread, good, bad, criterion)
+        probes[-1] = replace(
+            probes[-1],
+            side=side,
+            against_good=against_good,
+            against_bad=against_bad,
+            reason=why,
+        )
+        log.info("commit %s: %s (%s)", commits[middle], side or "undecided", why)
+        if side == GOOD:
+            low = middle
+        elif side == BAD:
+            high = middle
+        else:
+            status = INCONCLUSIVE
+            reason = (
+                f"commit {commits[middle]} could not be placed ({why}); the change "
+                f"lies between {commits[low]} and {commits[high]}"
+            )
+            break
+    if status == FOUND:
+        reason = (
+            f"{commits[high]} is the first commit whose {criterion.metric} is like "
+            f"the bad end's; {commits[low]} before it is like the good end's"
+        )
+    return {
+        **result,
+        "status": status,
+        "reason": reason,
+        "last_good_commit": commits[low],
+        "first_bad_commit": commits[high] if status == FOUND else None,
+        "probes": [probe.as_dict() for probe in probes],
+    }
+
+
+# --- the repository ----------------------------------------------------------------
+
+
+def first_parent_commits(repository: str, good: str, bad: str) -> list[str]:
+    """Full shas from good to bad along bad's first-parent history, good first.
+
+    The repository is cloned without file contents into a temporary directory;
+    ``good`` and ``bad`` may be shas or tags.
+    """
+    local = Path(repository).expanduser()
+    source = str(local.resolve()) if local.exists() else repository
+    with tempfile.TemporaryDirectory(prefix="bisect-history-") as work:
+        clone = Path(work) / "repository.git"
+        without_contents = [] if local.exists() else ["--filter=blob:none"]
+        _git(
+            ["clone", "--quiet", "--bare", *without_contents, "--", source, str(clone)],
+            Path(work),
+            what=f"cloning {repository}",
+        )
+        good_commit = _resolve(clone, good, "good", repository)
+        bad_commit = _resolve(clone, bad, "bad", repository)
+        if good_commit == bad_commit:
+            raise BisectError(
+                f"bisect: good ({good}) and bad ({bad}) are the same commit "
+                f"{good_commit}; give the commit before the change as good"
+            )
+        ancestor = _git(
+            ["merge-base", "--is-ancestor", good_commit, bad_commit],
+            clone,
+            check=False,
+        )
+        if ancestor.returncode != 0:
+            raise BisectError(
+                f"bisect: good ({good}) is not an ancestor of bad ({bad}) in "
+                f"{repository}; give as good a commit on bad's history, e.g. "
+                "git merge-base of the two"
+            )
+        listed = _git(
+            ["rev-list", "--first-parent", "--reverse", f"{good_commit}..{bad_commit}"],
+            clone,
+        ).stdout.split()
+    return [good_commit, *listed]
+
+
+def _resolve(clone: Path, revision: str, end: str, repository: str) -> str:
+    # rev-parse takes no "--" before a revision (git before 2.43).
+    if revision.startswith("-"):
+        raise BisectError(
+            f"bisect.{end}: {revision!r} starts with '-'; give a commit or a tag"
+        )
+    resolved = _git(
+        ["rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
+        clone,
+        check=False,
+    )
+    if resolved.returncode != 0:
+        raise BisectError(
+            f"bisect.{end}: {revision!r} is neither a commit nor a tag of "
+            f"{repository}; check the config"
+        )
+    return resolved.stdout.strip()
+
+
+def _git(
+    arguments: list[str], cwd: Path, what: str = "", check: bool = True
+) -> subprocess.CompletedProcess:
+    environment = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
+    }
+    environment["GIT_TERMINAL_PROMPT"] = "0"
+    result = subprocess.run(
+        ["git", *arguments],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=GIT_TIMEOUT_S,
+        env=environment,
+    )
+    if check and result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise BisectError(f"{what or 'git ' + arguments[0]} failed: {last}")
+    return result
+
+
+# --- one probe: fetch, variant, runs ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ProbeSettings:
+    """Everything a probe's runs need besides the commit."""
+
+    experiment: str
+    repository: str
+    arm: dict
+    runs: int
+    workload_manifest: Path
+    engine: dict
+    client: dict
+    monitors: dict
+    criterion: ChangeCriterion
+    sources_dir: Path
+    probes_dir: Path
+
+
+def measure_commit(commit: str, role: str, settings: ProbeSettings) -> Measurement:
+    """Fetch ``commit``, build its variant, run the arm ``runs`` times."""
+    name = f"commit-{commit[:12]}"
+    probe_dir = settings.probes_dir / commit[:12]
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    record = {"name": name, "git": {"url": settings.repository, "commit": commit}}
+    # Absolute: fetch_source runs git in a directory of its own.
+    source_tree = settings.sources_dir.resolve() / commit
+    source_identity = fetch_source(record, source_tree)
+    variant = prepare_variant(
+        {"name": name, "source": name},
+        source_tree=source_tree,
+        source_identity=source_identity,
+        patch_path=None,
+        dest=probe_dir / "variant",
+    )
+    (probe_dir / "variant.json").write_text(json.dumps(variant, indent=2) + "\n")
+    details = {"variant": str(probe_dir / "variant.json"), "runs_dir": str(probe_dir)}
+    try:
+        load_variant_transport(Path(variant["sglang_python_root"]))
+    except VariantSourceError as error:
+        log.error("commit %s cannot be loaded: %s", commit, error)
+        return Measurement(
+            Spread.of_values([]), {**details, "unmeasurable": str(error)}
+        )
+
+    arm = {**settings.arm, "name": name, "variant": name, "runs": settings.runs}
+    records = []
+    for run in range(1, settings.runs + 1):
+        run_dir = probe_dir / f"run{run}"
+        run_dir.mkdir(exist_ok=True)
+        log.info("%s %s: run %d of %d", role, commit, run, settings.runs)
+        records.append(
+            run_arm(
+                experiment=settings.experiment,
+                arm=arm,
+                run=run,
+                variant=variant,
+                workload_manifest=settings.workload_manifest,
+                engine=settings.engine,
+                client=settings.client,
+                monitors=settings.monitors,
+                paths=RunPaths(
+                    metrics=run_dir / "metrics.json",
+                    requests=run_dir / "requests.jsonl",
+                    monitors=run_dir / "monitors.json",
+                    provenance=run_dir / "provenance.json",
+                    server_log=run_dir / "server.log",
+                ),
+            )
+        )
+    probe_config = {"arms": [arm]}
+    arms = arms_table(runs_table(records, probe_config), probe_config)
+    spread = Spread.of_arm(arms, name, settings.criterion.metric)
+    invalid = [
+        f"run{record['run']}: {'; '.join(record.get('invalid_reasons') or [])}"
+        for record in records
+        if not record.get("valid")
+    ]
+    return Measurement(spread, {**details, "invalid_runs": invalid})
+
+
+def run_commit_bisect(good: str, bad: str, settings: ProbeSettings) -> dict:
+    """The whole bisect: list the commits, search, return the result to record."""
+    started = datetime.now(UTC).isoformat(timespec="seconds")
+    commits = first_parent_commits(settings.repository, good, bad)
+    log.info(
+        "bisect %s..%s: %d commits, about %d probes",
+        commits[0],
+        commits[-1],
+        len(commits),
+        math.ceil(math.log2(max(len(commits) - 1, 1))) + 2,
+    )
+    result = search(
+        commits,
+        lambda commit, role: measure_commit(commit, role, settings),
+        settings.criterion,
+    )
+    return {
+        "experiment": settings.experiment,
+        "repository": settings.repository,
+        "good": {"revision": good, "commit": commits[0]},
+        "bad": {"revision": bad, "commit": commits[-1]},
+        "arm": settings.arm,
+        "runs_per_probe": settings.runs,
+        **result,
+        "started_at": started,
+        "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+    }
