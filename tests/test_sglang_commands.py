@@ -29,15 +29,17 @@ from serving_study.config.platform import (
     PROJECT_ROOT,
     compile_cache,
 )
-from serving_study.config.validation import check_config
-from serving_study.servers.sglang_commands import (
+from serving_study.config.server_arguments import (
     FLAGS_FROM_CONFIG,
     FLAGS_HIDING_ARGUMENTS,
+    server_argument_conflicts,
+)
+from serving_study.config.validation import check_config
+from serving_study.servers.sglang_commands import (
     ServerArgumentConflict,
     arm_launch_commands,
     container_model_path,
     model_flags,
-    server_argument_conflicts,
     sglang_server_argv,
     sglang_server_environment,
 )

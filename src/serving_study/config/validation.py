@@ -17,7 +17,7 @@ import yaml
 from packaging.version import InvalidVersion, Version
 
 from serving_study.config.secrets import secret_problems
-from serving_study.servers.sglang_commands import server_argument_conflicts
+from serving_study.config.server_arguments import server_argument_conflicts
 
 
 class ConfigError(ValueError):

@@ -19,36 +19,12 @@ from serving_study.config.platform import (
     compile_cache,
 )
 from serving_study.config.secrets import secret_names
+from serving_study.config.server_arguments import server_argument_conflicts
 from serving_study.servers.container_runtime import container_name, run_command
 from serving_study.sources.images import image_tag
 
 SERVER_MODULE = "sglang.launch_server"
 CONTAINER_MODELS_DIRECTORY = PurePosixPath("/models")
-
-# Flags this module sets from config (and SGLang's aliases of them); extra arguments
-# may not set them again, or the last one on the command line would silently win
-# over the config key.
-FLAGS_FROM_CONFIG = {
-    "--model-path": "sglang.model_path / sglang.model",
-    "--model": "sglang.model_path / sglang.model (SGLang's alias of --model-path)",
-    "--host": "the runner (always 127.0.0.1)",
-    "--port": "sglang.port",
-    "--mm-feature-transport": "arms[].transport",
-    "--disable-radix-cache": "sglang.disable_radix_cache",
-    "--mm-preprocess-cache-size-mb": "sglang.mm_preprocess_cache_size_mb",
-    "--mem-fraction-static": "sglang.mem_fraction_static",
-    "--max-total-tokens": "sglang.max_total_tokens",
-    "--served-model-name": "sglang.served_model_name",
-    "--device": "sglang.device",
-    "--load-format": "the model (sglang.tiny_model loads dummy weights)",
-    "--dtype": "the model (its config.json, or sglang.tiny_model.dtype)",
-}
-# Flags whose arguments no check of ours could see.
-FLAGS_HIDING_ARGUMENTS = {
-    "--config": "makes SGLang read more arguments from a file, where this check "
-    "cannot see them; list them here instead",
-}
-
 
 class ServerArgumentConflict(ValueError):
     """Extra server arguments set a flag that a config key already sets."""
@@ -173,34 +149,6 @@ def sglang_server_environment(
     }
     environment.update(arm.get("environment", {}))
     return environment
-
-
-def server_argument_conflicts(arguments: list[str], where: str) -> list[str]:
-    """One line per argument that would set a flag of ``FLAGS_FROM_CONFIG`` or
-    ``FLAGS_HIDING_ARGUMENTS``, in any spelling SGLang's parser takes.
-
-    SGLang parses with argparse, which takes ``--flag value``, ``--flag=value`` and
-    any unambiguous prefix of ``--flag`` (``--hos=0.0.0.0``), so every ``--``
-    argument that is a prefix of such a flag is refused: one that is ambiguous
-    among SGLang's flags, SGLang refuses too. A single dash never abbreviates a
-    ``--`` flag.
-    """
-    why = {
-        flag: f"comes from {origin}; set it there instead"
-        for flag, origin in FLAGS_FROM_CONFIG.items()
-    } | FLAGS_HIDING_ARGUMENTS
-    conflicts = []
-    for position, argument in enumerate(arguments):
-        spelled = argument.split("=", 1)[0]
-        if not spelled.startswith("--") or spelled == "--":
-            continue
-        matches = [flag for flag in why if flag.startswith(spelled)]
-        if matches:
-            flag = spelled if spelled in why else matches[0]
-            conflicts.append(
-                f"{where}[{position}]: {argument!r} sets {flag}, which {why[flag]}"
-            )
-    return conflicts
 
 
 def arm_launch_commands(

@@ -1,0 +1,57 @@
+"""Extra server arguments may not set again what a config key already sets.
+
+The real server's command line is built from config keys (``servers.sglang_commands``);
+an extra argument that sets one of those flags would silently win over the key, so the
+config check refuses it before any job runs.
+"""
+
+# Flags the server's command line sets from config keys, with SGLang's aliases.
+FLAGS_FROM_CONFIG = {
+    "--model-path": "sglang.model_path / sglang.model",
+    "--model": "sglang.model_path / sglang.model (SGLang's alias of --model-path)",
+    "--host": "the runner (always 127.0.0.1)",
+    "--port": "sglang.port",
+    "--mm-feature-transport": "arms[].transport",
+    "--disable-radix-cache": "sglang.disable_radix_cache",
+    "--mm-preprocess-cache-size-mb": "sglang.mm_preprocess_cache_size_mb",
+    "--mem-fraction-static": "sglang.mem_fraction_static",
+    "--max-total-tokens": "sglang.max_total_tokens",
+    "--served-model-name": "sglang.served_model_name",
+    "--device": "sglang.device",
+    "--load-format": "the model (sglang.tiny_model loads dummy weights)",
+    "--dtype": "the model (its config.json, or sglang.tiny_model.dtype)",
+}
+# Flags whose arguments no check of ours could see.
+FLAGS_HIDING_ARGUMENTS = {
+    "--config": "makes SGLang read more arguments from a file, where this check "
+    "cannot see them; list them here instead",
+}
+
+
+
+def server_argument_conflicts(arguments: list[str], where: str) -> list[str]:
+    """One line per argument that would set a flag of ``FLAGS_FROM_CONFIG`` or
+    ``FLAGS_HIDING_ARGUMENTS``, in any spelling SGLang's parser takes.
+
+    SGLang parses with argparse, which takes ``--flag value``, ``--flag=value`` and
+    any unambiguous prefix of ``--flag`` (``--hos=0.0.0.0``), so every ``--``
+    argument that is a prefix of such a flag is refused: one that is ambiguous
+    among SGLang's flags, SGLang refuses too. A single dash never abbreviates a
+    ``--`` flag.
+    """
+    why = {
+        flag: f"comes from {origin}; set it there instead"
+        for flag, origin in FLAGS_FROM_CONFIG.items()
+    } | FLAGS_HIDING_ARGUMENTS
+    conflicts = []
+    for position, argument in enumerate(arguments):
+        spelled = argument.split("=", 1)[0]
+        if not spelled.startswith("--") or spelled == "--":
+            continue
+        matches = [flag for flag in why if flag.startswith(spelled)]
+        if matches:
+            flag = spelled if spelled in why else matches[0]
+            conflicts.append(
+                f"{where}[{position}]: {argument!r} sets {flag}, which {why[flag]}"
+            )
+    return conflicts
