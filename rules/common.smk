@@ -16,7 +16,7 @@ from serving_study.config.platform import (
     platform_for,
     resolve_device,
 )
-from serving_study.sources.tiny_model import TinyModelSettings
+from serving_study.sources.tiny_model_settings import TinyModelSettings
 
 try:
     check_config(

@@ -5,7 +5,7 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.studies.harness_benchmarks import run_benchmarks
+from serving_study.studies.harness.benchmark_run import run_benchmarks
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(

@@ -4,7 +4,7 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.sources.fetch import write_json
+from serving_study.sources.files import write_json
 from serving_study.sources.model_snapshot import ModelUnavailable, ensure_model_snapshot
 
 sys.stderr = open(snakemake.log[0], "w")

@@ -5,8 +5,9 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.measure.arm_runner import RunPaths, run_arm
+from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.host_sharing import HostSharing
+from serving_study.measure.run_outputs import RunPaths
 from serving_study.measure.run_provenance import run_provenance
 from serving_study.servers.sglang_commands import model_flags
 

@@ -8,12 +8,9 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.sources.fetch import write_json
-from serving_study.sources.tiny_model import (
-    TinyModelError,
-    TinyModelSettings,
-    write_tiny_qwen3_vl,
-)
+from serving_study.sources.files import write_json
+from serving_study.sources.tiny_model import write_tiny_qwen3_vl
+from serving_study.sources.tiny_model_settings import TinyModelError, TinyModelSettings
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")

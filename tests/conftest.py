@@ -8,7 +8,8 @@ import pytest
 from study_helpers import docker
 
 from serving_study.config.platform import CPU_RUNTIME_LOCK
-from serving_study.sources.fetch import fetch_source, tree_sha256
+from serving_study.sources.fetch import fetch_source
+from serving_study.sources.files import tree_sha256
 from serving_study.sources.images import engine_answers
 from serving_study.sources.sglang_runtime import ensure_sglang_runtime
 

@@ -21,7 +21,8 @@ import psutil
 import pytest
 from study_helpers import leaked_segments
 
-from serving_study.measure.arm_runner import RunPaths, run_arm
+from serving_study.measure.arm_runner import run_arm
+from serving_study.measure.run_outputs import RunPaths
 from serving_study.sources.variants import prepare_variant
 from serving_study.workloads import generate_workload
 
@@ -251,7 +252,7 @@ def test_a_server_answering_500s_and_cut_streams_gives_an_invalid_run(
     script = tmp_path / "erroring_server.py"
     script.write_text(ERRORING_SERVER)
     monkeypatch.setattr(
-        "serving_study.measure.arm_runner.server_argv",
+        "serving_study.measure.server_start.server_argv",
         lambda engine, variant, arm, port: [sys.executable, str(script), str(port)],
     )
     metrics = run(variant, workload, tmp_path / "run", arm=ARM | {"requests": 10})
@@ -266,7 +267,7 @@ def test_a_port_taken_before_the_server_binds_it_is_retried(
 ):
     import socket
 
-    from serving_study.measure import arm_runner
+    from serving_study.measure import server_start
     from serving_study.servers import local_runtime
 
     squatter = socket.socket()
@@ -275,7 +276,7 @@ def test_a_port_taken_before_the_server_binds_it_is_retried(
     taken = squatter.getsockname()[1]
     ports = iter([taken])
     monkeypatch.setattr(
-        arm_runner,
+        server_start,
         "free_port",
         lambda: next(ports, None) or local_runtime.free_port(),
     )

@@ -11,12 +11,9 @@ import yaml
 
 from serving_study.config.platform import PROJECT_ROOT
 from serving_study.config.validation import check_config
-from serving_study.measure.arm_runner import (
-    RunPaths,
-    model_name,
-    new_server,
-    server_argv,
-)
+from serving_study.measure.arm_server import model_name, server_argv
+from serving_study.measure.run_outputs import RunPaths
+from serving_study.measure.server_start import new_server
 from serving_study.workloads import generate_workload
 
 ROOT = Path(__file__).resolve().parents[1]

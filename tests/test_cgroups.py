@@ -10,16 +10,15 @@ from pathlib import Path
 import pytest
 
 from serving_study.servers import cgroup_exec
-from serving_study.servers.cgroups import (
-    CpuQuotaGroup,
-    CpuStat,
+from serving_study.servers.cgroup_hierarchy import (
+    Layout,
     QuotaUnavailable,
-    _directory_of,
-    _read_membership,
-    _read_mounts,
-    group_of_pid,
-    wrap_command,
+    directory_of,
+    read_membership,
+    read_mounts,
 )
+from serving_study.servers.cgroups import CpuQuotaGroup, _create_v2, wrap_command
+from serving_study.servers.cpu_group import CpuGroup, CpuStat, group_of_pid
 
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
 
@@ -231,7 +230,7 @@ DOCKER_V1_MOUNTINFO = (
 
 
 def test_mounts_and_membership_are_parsed_for_split_and_joined_v1():
-    mounts = _read_mounts(SPLIT_V1_MOUNTINFO)
+    mounts = read_mounts(SPLIT_V1_MOUNTINFO)
     v1 = {
         mount.mount_point.name: mount.controllers
         for mount in mounts
@@ -240,28 +239,24 @@ def test_mounts_and_membership_are_parsed_for_split_and_joined_v1():
     assert v1 == {"cpu": {"cpu"}, "cpuacct": {"cpuacct"}}
     assert [m.version for m in mounts if m.mount_point.name == "unified"] == [2]
 
-    membership = _read_membership("2:cpuacct:/a/b\n1:cpu:/a/b\n0::/\n")
+    membership = read_membership("2:cpuacct:/a/b\n1:cpu:/a/b\n0::/\n")
     assert membership == {"cpuacct": "/a/b", "cpu": "/a/b", "": "/"}
 
-    (docker,) = _read_mounts(DOCKER_V1_MOUNTINFO)
+    (docker,) = read_mounts(DOCKER_V1_MOUNTINFO)
     assert docker.controllers == {"cpu", "cpuacct"}
     # Inside a container the mount shows the container's own group as its root.
-    assert _directory_of(docker, "/docker/abc") == Path("/sys/fs/cgroup/cpu,cpuacct")
-    assert _directory_of(docker, "/docker/abc/x") == Path(
-        "/sys/fs/cgroup/cpu,cpuacct/x"
-    )
+    assert directory_of(docker, "/docker/abc") == Path("/sys/fs/cgroup/cpu,cpuacct")
+    assert directory_of(docker, "/docker/abc/x") == Path("/sys/fs/cgroup/cpu,cpuacct/x")
 
 
 def test_v2_stat_and_quota_are_read_from_their_files(tmp_path):
-    from serving_study.servers.cgroups import CpuGroup, _Layout
-
     (tmp_path / "cpu.max").write_text("150000 100000\n")
     (tmp_path / "cpu.stat").write_text(
         "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n"
         "nr_periods 40\nnr_throttled 10\nthrottled_usec 300000\n"
     )
     (tmp_path / "cgroup.procs").write_text("12\n7\n")
-    group = CpuGroup(_Layout(2, tmp_path, tmp_path))
+    group = CpuGroup(Layout(2, tmp_path, tmp_path))
     assert group.quota_in_force()["cores"] == 1.5
     stat = group.read_stat()
     assert (stat.usage_seconds, stat.nr_periods, stat.nr_throttled) == (2.5, 40, 10)
@@ -274,8 +269,6 @@ def test_v2_stat_and_quota_are_read_from_their_files(tmp_path):
 def test_v2_creation_enables_cpu_and_writes_cpu_max_in_a_stand_in_tree(tmp_path):
     # No cgroup v2 cpu controller on the development machine: plain files stand in
     # for the kernel's, so this checks which files the v2 path writes, not the kernel.
-    from serving_study.servers.cgroups import _create_v2
-
     own = tmp_path / "own"
     own.mkdir()
     (own / "cgroup.procs").write_text("1\n")

@@ -18,13 +18,9 @@ import pytest
 from aiohttp import web
 from PIL import Image
 
-from serving_study.measure.client import (
-    ChatRequest,
-    ServerNeverHealthy,
-    load_requests,
-    run_load,
-    wait_until_healthy,
-)
+from serving_study.measure.chat_requests import ChatRequest, load_requests
+from serving_study.measure.client import run_load
+from serving_study.measure.server_queries import ServerNeverHealthy, wait_until_healthy
 
 MODEL = "test-model"
 PROMPT = "describe the picture"

@@ -30,11 +30,10 @@ from serving_study.studies.commit_bisect import (
     FOUND,
     GOOD,
     INCONCLUSIVE,
-    BisectError,
     Measurement,
-    first_parent_commits,
     search,
 )
+from serving_study.studies.commit_history import BisectError, first_parent_commits
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"

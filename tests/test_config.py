@@ -135,6 +135,22 @@ BAD_CONFIGS = {
         lambda c: set_key(c, ["claims", 0, "numerator"], "Z"),
         "claims[0].numerator: 'Z' names no arm",
     ),
+    "reference figure that is no metric": (
+        lambda c: set_key(c, ["reference", "arms", 0, "throughput"], 8.6),
+        "reference.arms[0]: 'throughput' is not valid under any of the given schemas",
+    ),
+    "workload seed below zero": (
+        lambda c: set_key(c, ["workloads", 0, "seed"], -1),
+        "workloads[0].seed: -1 is less than the minimum of 0",
+    ),
+    "JPEG quality above 100": (
+        lambda c: set_key(c, ["workloads", 0, "jpeg_quality"], 101),
+        "workloads[0].jpeg_quality: 101 is greater than the maximum of 100",
+    ),
+    "tiny model vision width that no head split takes": (
+        lambda c: set_key(c, ["sglang"], {"tiny_model": {"vision_hidden_size": 20}}),
+        "sglang.tiny_model.vision_hidden_size: 20 is not a multiple of 8",
+    ),
     "reference for a missing arm": (
         lambda c: set_key(c, ["reference", "arms", 0, "arm"], "Z"),
         "reference.arms[0].arm: 'Z' names no arm",
@@ -313,6 +329,12 @@ def test_no_schema_pattern_lets_a_trailing_newline_through():
     unguarded = re.compile(r"(?<!\\)\$(?!\(\?!\\n\))")
     assert [p for p in patterns if unguarded.search(p)] == []
     assert "^[A-Za-z0-9][A-Za-z0-9_.-]*$(?!\\n)" in patterns  # names
+
+
+def test_jpeg_quality_100_passes_the_check():
+    config = default_config()
+    config["workloads"][0]["jpeg_quality"] = 100
+    assert check(config)["workloads"][0]["jpeg_quality"] == 100
 
 
 def test_defaults_are_filled_from_the_schema():

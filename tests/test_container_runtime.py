@@ -24,23 +24,25 @@ from study_helpers import docker, snakemake_command
 
 from serving_study.config.platform import CPU_PLATFORM, GPU_PLATFORM
 from serving_study.engine.preprocess import preprocess_image
-from serving_study.measure.client import ServerNeverHealthy, wait_until_healthy
-from serving_study.servers.container_runtime import (
+from serving_study.measure.server_queries import ServerNeverHealthy, wait_until_healthy
+from serving_study.servers.container_commands import (
     ContainerCommandFailed,
-    ContainerServer,
     container_options,
     gpu_options,
     largest_tensor_bytes,
-    namespace_pid,
     parse_quota,
     read_image_id,
     run_command,
-    segment_creator,
     shared_memory_bytes,
+)
+from serving_study.servers.container_runtime import (
+    ContainerServer,
+    namespace_pid,
+    segment_creator,
 )
 from serving_study.servers.host import unmet_needs
 from serving_study.servers.local_runtime import free_port
-from serving_study.sources.fetch import file_sha256
+from serving_study.sources.files import file_sha256
 from serving_study.sources.images import (
     EMBEDDED_PYTHON,
     EMBEDDED_VARIANT_ROOT,
@@ -770,7 +772,7 @@ def test_sglang_dockerfile_puts_the_variant_over_an_editable_install(
 @pytest.mark.docker
 def test_monitors_see_the_containers_processes_from_the_host(embedded_image, tmp_path):
     """The scheduler inside is a host process the monitors can find and sample."""
-    from serving_study.measure.monitors import find_server_processes
+    from serving_study.measure.server_processes import find_server_processes
 
     port = free_port()
     server = ContainerServer(

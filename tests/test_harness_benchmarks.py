@@ -14,9 +14,24 @@ from pathlib import Path
 import psutil
 import pytest
 
-from serving_study.measure.client import load_requests
+from serving_study.measure.chat_requests import load_requests
 from serving_study.sources.variants import prepare_variant
-from serving_study.studies import harness_benchmarks as benchmarks
+from serving_study.studies.harness.arm_overhead import measure_arm_overhead
+from serving_study.studies.harness.benchmark_host import client_and_server_cpus
+from serving_study.studies.harness.benchmark_run import goals_met
+from serving_study.studies.harness.client_roofline import (
+    measure_client_rate,
+    measure_ttft_overhead,
+    raw_socket_ttfts,
+)
+from serving_study.studies.harness.dispatch_lag import check_dispatch_lag_invalidation
+from serving_study.studies.harness.monitor_cost import measure_monitor_cpu
+from serving_study.studies.harness.shm_copy import measure_shm_copy, summarize_shm_copy
+from serving_study.studies.harness.study_wall_time import (
+    default_study_wall,
+    with_current_arm_overhead,
+)
+from serving_study.studies.harness.zero_work import zero_work_server
 from serving_study.workloads import generate_workload
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -36,7 +51,7 @@ def chat_requests(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server():
-    with benchmarks.zero_work_server(cpu=None) as running:
+    with zero_work_server(cpu=None) as running:
         yield running
 
 
@@ -69,10 +84,10 @@ def own_children() -> set[int]:
 def test_the_zero_work_server_answers_with_every_token_at_once(
     chat_requests, server, tmp_path
 ):
-    figures = benchmarks.measure_client_rate(
+    figures = measure_client_rate(
         chat_requests,
         server,
-        client_cpu=benchmarks.client_and_server_cpus()[0],
+        client_cpu=client_and_server_cpus()[0],
         concurrencies=[1, 4],
         measured_requests=12,
         study_peak_rps=25.7,
@@ -96,7 +111,7 @@ def test_the_raw_socket_client_reads_whole_answers_on_one_connection(
     bodies = [
         request.body(model="zero-work", output_tokens=32) for request in chat_requests
     ]
-    ttfts = benchmarks.raw_socket_ttfts(server, bodies, count=6, warmup=2)
+    ttfts = raw_socket_ttfts(server, bodies, count=6, warmup=2)
 
     # Eight answers read to their end on one keep-alive connection (a server that
     # closed it, or an answer read short, would fail the next request).
@@ -106,10 +121,10 @@ def test_the_raw_socket_client_reads_whole_answers_on_one_connection(
 def test_the_ttft_overhead_is_the_client_minus_the_raw_socket(
     chat_requests, server, tmp_path
 ):
-    figures = benchmarks.measure_ttft_overhead(
+    figures = measure_ttft_overhead(
         chat_requests,
         server,
-        client_cpu=benchmarks.client_and_server_cpus()[0],
+        client_cpu=client_and_server_cpus()[0],
         requests_per_round=5,
         rounds=2,
         out_dir=tmp_path,
@@ -124,7 +139,7 @@ def test_the_ttft_overhead_is_the_client_minus_the_raw_socket(
 def test_a_client_that_falls_behind_its_schedule_makes_the_run_invalid(
     chat_requests, server, tmp_path
 ):
-    verdicts = benchmarks.check_dispatch_lag_invalidation(
+    verdicts = check_dispatch_lag_invalidation(
         chat_requests, server, block_s=0.3, allowed_ms=100, out_dir=tmp_path
     )
 
@@ -145,7 +160,7 @@ def test_a_client_that_falls_behind_its_schedule_makes_the_run_invalid(
 def test_the_monitor_cost_is_measured_on_a_tree_with_many_threads(tmp_path):
     name = f"harness-test-{os.getpid()}"
     children_before = own_children()
-    figures = benchmarks.measure_monitor_cpu(
+    figures = measure_monitor_cpu(
         window_s=0.5,
         threads=16,
         sample_hz=10,
@@ -179,8 +194,8 @@ def test_each_variant_copy_is_timed_beside_memcpy_with_the_server_threads(
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # as Snakemake sets it for a job
     roots = {name: Path(v["sglang_python_root"]) for name, v in variants.items()}
 
-    figures = benchmarks.measure_shm_copy(roots, rows=[8, 64], columns=1536, repeats=2)
-    summary = benchmarks.summarize_shm_copy(figures, {"tiny": 8, "small": 64})
+    figures = measure_shm_copy(roots, rows=[8, 64], columns=1536, repeats=2)
+    summary = summarize_shm_copy(figures, {"tiny": 8, "small": 64})
 
     assert "OMP_NUM_THREADS" not in figures["thread_settings_in_environment"]
     assert figures["torch_threads"] == len(os.sched_getaffinity(0))
@@ -234,7 +249,7 @@ def test_the_study_wall_time_sums_its_jobs_from_snakemake_records(tmp_path):
         "results/exp/report.html",
     ]
 
-    figures = benchmarks.default_study_wall(metadata, study_outputs)
+    figures = default_study_wall(metadata, study_outputs)
 
     assert figures["jobs"] == 4
     assert figures["default_study_wall_s"] == 7 + 6 + 24 + 5
@@ -246,18 +261,18 @@ def test_the_study_wall_time_sums_its_jobs_from_snakemake_records(tmp_path):
     run_directory.mkdir()
     (run_directory / "provenance.json").write_text(json.dumps({"wall_s": 24}))
     (run_directory / "metrics.json").write_text(json.dumps({"measured_seconds": 10}))
-    estimate = benchmarks.with_current_arm_overhead(figures, [run_directory], 6)
+    estimate = with_current_arm_overhead(figures, [run_directory], 6)
     assert estimate["recorded_arm_overhead_s_median"] == 14
     assert estimate["estimated_wall_s_with_measured_arm_overhead"] == 42 - 14 + 6
 
 
 def test_without_records_the_study_wall_time_is_null_with_a_reason(tmp_path):
-    figures = benchmarks.default_study_wall(tmp_path / "none", ["results/x.json"])
+    figures = default_study_wall(tmp_path / "none", ["results/x.json"])
     assert figures["default_study_wall_s"] is None
     assert "never ran" in figures["reason"]
 
     (tmp_path / "metadata").mkdir()
-    figures = benchmarks.default_study_wall(tmp_path / "metadata", ["results/x.json"])
+    figures = default_study_wall(tmp_path / "metadata", ["results/x.json"])
     assert figures["default_study_wall_s"] is None
     assert "results/x.json" in figures["reason"]
 
@@ -306,7 +321,7 @@ def test_a_real_arm_is_split_into_its_phases(variants, tmp_path_factory, tmp_pat
     }
     monitors = {"sample_hz": 10, "thread_sample_hz": 1, "gpu": "off"}
 
-    figures = benchmarks.measure_arm_overhead(
+    figures = measure_arm_overhead(
         arm=arm,
         variant=variants["original"],
         workload_manifest=workload / "manifest.json",
@@ -342,7 +357,7 @@ def test_a_real_arm_is_split_into_its_phases(variants, tmp_path_factory, tmp_pat
 
 
 def test_goals_are_judged_against_their_bounds():
-    verdicts = benchmarks.goals_met(
+    verdicts = goals_met(
         {
             "client_headroom_ratio": 20.0,
             "client_ttft_overhead_ms_p50": 1.5,

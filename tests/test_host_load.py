@@ -9,8 +9,8 @@ import os
 import pytest
 
 from serving_study.measure.host_load import HostCpu, HostLoadMeter, parse_proc_stat
-from serving_study.measure.run_metrics import invalid_reasons
-from serving_study.servers.cgroups import CpuStat
+from serving_study.measure.run_validity import invalid_reasons
+from serving_study.servers.cpu_group import CpuStat
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

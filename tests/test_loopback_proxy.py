@@ -14,8 +14,8 @@ import pytest
 import requests
 from test_client import FakeServer, read_log, run_against, write_workload
 
-from serving_study.measure.arm_runner import read_server_info
-from serving_study.measure.client import load_requests, wait_until_healthy
+from serving_study.measure.chat_requests import load_requests
+from serving_study.measure.server_queries import read_server_info, wait_until_healthy
 
 BOGUS_PROXY = "http://127.0.0.1:9"  # discard: nothing listens there
 PROXY_VARIABLES = ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")

@@ -10,7 +10,8 @@ import uuid
 
 import pytest
 
-from serving_study.measure.monitors import RunMonitors, find_server_processes
+from serving_study.measure.monitors import RunMonitors
+from serving_study.measure.server_processes import find_server_processes
 from serving_study.servers.cgroups import CpuQuotaGroup, QuotaUnavailable, wrap_command
 
 # A main process with a child titled like SGLang's scheduler. Arguments: whether the

@@ -70,3 +70,8 @@ def test_imports_run_one_way(module):
     mine = LAYERS[concern(module)]
     upward = sorted(c for c in imported_concerns(module) if LAYERS.get(c, -1) > mine)
     assert upward == [], f"{concern(module)} may not import {upward}"
+
+
+@pytest.mark.parametrize("module", MODULES, ids=module_name)
+def test_no_module_outgrows_one_idea(module):
+    assert len(module.read_text().splitlines()) <= 400

@@ -2,7 +2,9 @@
 captions that Snakemake can render; built from the fixture in
 tests/fixtures/report."""
 
+import importlib
 import json
+import pkgutil
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -15,11 +17,13 @@ import pytest
 import vl_convert
 import yaml
 
-import serving_study.report.page as report_module
+import serving_study.report
 from serving_study.analysis.aggregate import aggregate, read_tables, write_tables
 from serving_study.measure.run_metrics import summarize_run
+from serving_study.report import formatting
 from serving_study.report.charts import chart_specs
 from serving_study.report.page import build_report
+from serving_study.report.study_setup import platform_html
 
 ROOT = Path(__file__).parent.parent
 FIXTURE = Path(__file__).parent / "fixtures" / "report"
@@ -326,8 +330,6 @@ def test_the_config_description_is_text_in_snakemakes_report(tmp_path):
 
 
 def test_a_real_server_on_cpu_says_what_differs_from_a_gpu_host():
-    from serving_study.report.page import platform_html
-
     config = {
         "engine": "sglang",
         "sglang": {"device": "cpu"},
@@ -455,6 +457,15 @@ def rendered_dom(page: Path, profile: Path) -> str:
     return result.stdout
 
 
+def report_modules() -> list:
+    """Every module of the report package, imported."""
+    package = serving_study.report
+    return [
+        importlib.import_module(f"{package.__name__}.{module.name}")
+        for module in pkgutil.iter_modules(package.__path__)
+    ]
+
+
 @needs_chromium
 def test_no_text_from_the_inputs_runs_in_a_browser(tmp_path, monkeypatch):
     tables, config, host, variants = hostile_inputs(tmp_path)
@@ -477,8 +488,12 @@ def test_no_text_from_the_inputs_runs_in_a_browser(tmp_path, monkeypatch):
 
     # The same inputs without escaping do run, each kind of payload: what this
     # test looks for is what a payload that gets through leaves.
-    monkeypatch.setattr(report_module, "escape", report_module.text)
-    monkeypatch.setattr(report_module, "script_json", json.dumps)
+    # Each module that writes HTML holds its own name for escape and script_json.
+    for module in report_modules():
+        if hasattr(module, "escape"):
+            monkeypatch.setattr(module, "escape", formatting.text)
+        if hasattr(module, "script_json"):
+            monkeypatch.setattr(module, "script_json", json.dumps)
     unescaped = tmp_path / "unescaped.html"
     build_report(tables, config, host, variants, unescaped)
     dom = rendered_dom(unescaped, tmp_path / "profile-unescaped")

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from serving_study.measure.request_log import read_request_log
 from serving_study.measure.run_metrics import (
     METRICS,
     failed_run_metrics,
-    read_request_log,
     run_number_from_directory,
     summarize_run,
 )

@@ -15,8 +15,9 @@ from study_helpers import snakemake_command
 from serving_study.config.platform import GPU_PLATFORM
 from serving_study.config.secrets import SecretNotSet, has_credentials, is_secret
 from serving_study.config.validation import ConfigError, check_config
-from serving_study.measure.arm_runner import RunPaths, run_arm
-from serving_study.servers.container_runtime import run_command
+from serving_study.measure.arm_runner import run_arm
+from serving_study.measure.run_outputs import RunPaths
+from serving_study.servers.container_commands import run_command
 from serving_study.servers.environment import REDACTED, redacted_check
 from serving_study.servers.host import unmet_needs
 from serving_study.servers.sglang_commands import arm_launch_commands

@@ -12,14 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from serving_study.sources.fetch import (
-    SourceMismatch,
-    SourceUnavailable,
-    fetch_pull_request_diff,
-    fetch_source,
-    file_sha256,
-    read_identity,
-)
+from serving_study.sources.fetch import fetch_source, read_identity
+from serving_study.sources.files import file_sha256
+from serving_study.sources.pull_request import fetch_pull_request_diff
+from serving_study.sources.source_errors import SourceMismatch, SourceUnavailable
 
 MM_UTILS = "python/sglang/srt/managers/mm_utils.py"
 SGLANG_0_5_23_CP311_SHA256 = (

@@ -13,6 +13,7 @@ from serving_study.measure.thread_cpu import (
     ThreadCpuSnapshot,
     parse_task_stat,
     read_thread_cpu,
+    read_thread_run_time,
 )
 
 BEFORE_WINDOW_SPIN_S = 0.3
@@ -22,6 +23,7 @@ WORKERS = 2
 # Counters are whole ticks (10 ms at 100 Hz), and a thread does a little work around
 # its spin (starting, waking); CPU time, so a busy machine only makes it slower.
 SLACK_S = 0.15
+SETTLING_S = 0.005
 
 # Spins for set amounts of its own CPU time: the main thread before the window and
 # in it, then two threads it names "worker" (as an OpenMP team shares one name); the
@@ -106,6 +108,34 @@ def test_window_splits_a_process_by_thread_and_name(tmp_path):
     assert 0.6 <= usage.other_threads_share <= 0.9  # 0.6 of 0.8 s spun by workers
 
 
+def test_run_time_is_each_threads_cpu_time_in_nanoseconds(tmp_path):
+    script = tmp_path / "spinning_child.py"
+    script.write_text(SPINNING_CHILD)
+    child = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline() == "ready\n"  # spun, now waits on stdin
+        ticks = read_thread_cpu(child.pid)
+        run_time = read_thread_run_time(child.pid)
+    finally:
+        child.kill()
+        child.wait()
+        child.stdin.close()
+        child.stdout.close()
+
+    assert set(run_time) == set(ticks.threads)
+    assert run_time[child.pid] / 1e9 >= BEFORE_WINDOW_SPIN_S
+    for thread_id, nanoseconds in run_time.items():
+        # Ticks are the same time cut to whole ticks, read a moment earlier (the
+        # child still runs until it blocks on its stdin).
+        difference = nanoseconds / 1e9 - ticks.threads[thread_id].seconds
+        assert 0 <= difference < 1 / CLOCK_TICKS_PER_SECOND + SETTLING_S
+
+
 def test_stat_text_with_spaces_and_parentheses_in_the_name():
     # A real line of /proc/<pid>/task/<tid>/stat, its name set to "a) (b c".
     stat = (
@@ -138,3 +168,5 @@ def test_a_process_that_is_gone_is_reported():
     child.wait()  # reaped: its /proc directory is gone
     with pytest.raises(ProcessLookupError, match=f"no process {child.pid}"):
         read_thread_cpu(child.pid)
+    with pytest.raises(ProcessLookupError, match=f"no process {child.pid}"):
+        read_thread_run_time(child.pid)

@@ -12,7 +12,7 @@ import yaml
 from study_helpers import TEST_CONFIG, leaked_segments, snakemake_command
 
 from serving_study.config.validation import ConfigError, check_config
-from serving_study.report.charts import quota_order, thread_quota_map
+from serving_study.report.map_chart import quota_order, thread_quota_map
 from serving_study.studies.thread_quota_map import map_rows, map_table, quota_label
 
 ROOT = Path(__file__).resolve().parents[1]

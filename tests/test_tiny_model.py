@@ -13,13 +13,10 @@ import pytest
 from tokenizers import Tokenizer
 
 from serving_study.sources import tiny_model
-from serving_study.sources.fetch import file_sha256
-from serving_study.sources.tiny_model import (
-    SPECIAL_TOKENS,
-    TinyModelError,
-    TinyModelSettings,
-    write_tiny_qwen3_vl,
-)
+from serving_study.sources.files import file_sha256
+from serving_study.sources.tiny_model import write_tiny_qwen3_vl
+from serving_study.sources.tiny_model_processor import SPECIAL_TOKENS
+from serving_study.sources.tiny_model_settings import TinyModelError, TinyModelSettings
 
 SETTINGS = TinyModelSettings(seed=7)
 # Every key of model_snapshot.ensure_model_snapshot's record, plus the tiny model's own.
@@ -54,8 +51,8 @@ def test_the_same_settings_give_byte_identical_directories(tmp_path):
             sys.executable,
             "-c",
             "import sys; from pathlib import Path;"
-            "from serving_study.sources.tiny_model import TinyModelSettings, "
-            "write_tiny_qwen3_vl;"
+            "from serving_study.sources.tiny_model import write_tiny_qwen3_vl;"
+            "from serving_study.sources.tiny_model_settings import TinyModelSettings;"
             "write_tiny_qwen3_vl(Path(sys.argv[1]), TinyModelSettings(seed=7))",
             str(tmp_path / "second"),
         ],

@@ -19,7 +19,8 @@ from typing import Optional
 import pytest
 import torch
 
-from serving_study.sources.fetch import fetch_source, file_sha256
+from serving_study.sources.fetch import fetch_source
+from serving_study.sources.files import file_sha256
 from serving_study.sources.variants import (
     PatchDoesNotApply,
     apply_patch,

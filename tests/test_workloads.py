@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import struct
 
 import numpy as np
@@ -10,8 +11,11 @@ import pytest
 from PIL import Image
 
 from serving_study import workloads
-from serving_study.sources.fetch import file_sha256
+from serving_study.config.schema import property_schema
+from serving_study.sources.files import file_sha256
 from serving_study.workloads import PROMPT_WORDS, draw_image, generate_workload
+
+CONTENTS = property_schema("workloads", "content")["enum"]
 
 TINY_PNG = {
     "name": "tiny-png",
@@ -95,7 +99,7 @@ def test_seed_and_index_each_change_the_image():
 
 
 def test_png_holds_exactly_the_drawn_pixels(tmp_path):
-    for content in ("noise", "gradient", "solid"):
+    for content in CONTENTS:
         spec = {**TINY_PNG, "images": 1, "content": content, "width": 40}
         manifest = generate_workload(spec, tmp_path / content)
         with Image.open(tmp_path / content / manifest["images"][0]["file"]) as opened:
@@ -180,20 +184,45 @@ def test_a_new_workload_replaces_an_old_one_whole(tmp_path):
 @pytest.mark.parametrize(
     "change, named",
     [
-        ({"format": "gif"}, "format 'gif'"),
-        ({"content": "stripes"}, "content 'stripes'"),
-        ({"images": 0}, "images must be a positive integer"),
-        ({"jpeg_quality": 100}, "jpeg_quality must be within 1..95"),
-        ({"seed": -1}, "seed must be a non-negative integer"),
+        ({"format": "gif"}, "workloads[tiny-png].format: 'gif' is not one of"),
+        ({"content": "stripes"}, "content: 'stripes' is not one of"),
+        ({"images": 0}, "images: 0 is less than the minimum of 1"),
+        ({"width": 31}, "width: 31 is less than the minimum of 32"),
+        ({"jpeg_quality": 101}, "jpeg_quality: 101 is greater than the maximum of 100"),
+        ({"seed": -1}, "seed: -1 is less than the minimum of 0"),
+        ({"seed": True}, "seed: True is not of type 'integer'"),
+        ({"colour": "red"}, "unknown key 'colour'"),
     ],
 )
 def test_a_bad_spec_is_named(change, named, tmp_path):
-    with pytest.raises(ValueError, match=named):
+    with pytest.raises(ValueError, match=re.escape(named)):
         generate_workload({**TINY_PNG, **change}, tmp_path / "w")
     assert not (tmp_path / "w").exists()
 
 
 def test_a_spec_missing_a_field_is_named(tmp_path):
-    spec = {key: value for key, value in TINY_PNG.items() if key != "seed"}
-    with pytest.raises(ValueError, match="lacks seed"):
+    spec = {key: value for key, value in TINY_PNG.items() if key != "width"}
+    with pytest.raises(ValueError, match="'width' is a required property"):
         generate_workload(spec, tmp_path / "w")
+
+
+def test_the_generator_takes_the_schemas_limits_and_defaults():
+    """A workload the pre-job check accepts is one the generator runs: it reads
+    the config schema rather than keeping limits of its own."""
+    minimal = {"name": "w", "images": 1, "width": 32, "height": 32}
+    spec = workloads.normalized_spec(minimal)
+    assert spec == minimal | {
+        key: property_schema("workloads", key)["default"]
+        for key in ("seed", "format", "jpeg_quality", "content", "input_tokens")
+    }
+    assert set(workloads.FORMATS) == set(property_schema("workloads", "format")["enum"])
+
+
+@pytest.mark.parametrize("quality", ["minimum", "maximum"])
+def test_jpeg_quality_at_the_schemas_bounds_encodes(quality, tmp_path):
+    value = property_schema("workloads", "jpeg_quality")[quality]
+    spec = {**TINY_JPEG, "images": 1, "jpeg_quality": value}
+    manifest = generate_workload(spec, tmp_path / "w")
+    with Image.open(tmp_path / "w" / manifest["images"][0]["file"]) as opened:
+        assert opened.format == "JPEG"
+    assert manifest["spec"]["jpeg_quality"] == value

@@ -22,12 +22,12 @@ import numpy as np
 import PIL
 from PIL import Image, features
 
-from serving_study.sources.fetch import file_sha256, staged_directory, write_json
+from serving_study.config.validation import key_problems
+from serving_study.sources.files import file_sha256, staged_directory, write_json
 
+# The file extension of each image format the schema allows (a test keeps the two
+# equal).
 FORMATS = {"png": "png", "jpeg": "jpg"}
-CONTENTS = ("noise", "gradient", "solid")
-DEFAULTS = {"format": "png", "jpeg_quality": 85, "content": "noise"}
-REQUIRED = ("name", "seed", "images", "width", "height", "input_tokens")
 
 # Keeps the prompt's random stream apart from the images' (seed, 0, index) streams.
 IMAGE_STREAM = 0
@@ -93,38 +93,12 @@ def generate_workload(spec: dict, out_dir: Path) -> dict:
 
 
 def normalized_spec(spec: dict) -> dict:
-    """Return the spec with defaults filled in; raise ValueError on a bad value."""
-    missing = [key for key in REQUIRED if key not in spec]
-    if missing:
-        raise ValueError(f"workload spec lacks {', '.join(missing)}: {spec}")
-    spec = {**spec, **{key: spec.get(key, value) for key, value in DEFAULTS.items()}}
-    name = spec["name"]
-    if spec["format"] not in FORMATS:
-        raise ValueError(
-            f"workload {name!r}: format {spec['format']!r} is not one of "
-            f"{sorted(FORMATS)}"
-        )
-    if spec["content"] not in CONTENTS:
-        raise ValueError(
-            f"workload {name!r}: content {spec['content']!r} is not one of "
-            f"{list(CONTENTS)}"
-        )
-    for key in ("images", "width", "height", "input_tokens"):
-        if not isinstance(spec[key], int) or spec[key] < 1:
-            raise ValueError(
-                f"workload {name!r}: {key} must be a positive integer, "
-                f"not {spec[key]!r}"
-            )
-    if not isinstance(spec["seed"], int) or spec["seed"] < 0:
-        raise ValueError(
-            f"workload {name!r}: seed must be a non-negative integer, "
-            f"not {spec['seed']!r}"
-        )
-    if not 1 <= spec["jpeg_quality"] <= 95:
-        raise ValueError(
-            f"workload {name!r}: jpeg_quality must be within 1..95, "
-            f"not {spec['jpeg_quality']!r}"
-        )
+    """Return a copy of the spec with the schema's defaults filled in (a config's
+    ``workloads`` item); raise ValueError naming every value the schema refuses."""
+    spec = dict(spec)
+    problems = key_problems(spec, "workloads", root=[f"workloads[{spec.get('name')}]"])
+    if problems:
+        raise ValueError("; ".join(problems))
     return spec
 
 

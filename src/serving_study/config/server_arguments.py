@@ -28,7 +28,6 @@ FLAGS_HIDING_ARGUMENTS = {
 }
 
 
-
 def server_argument_conflicts(arguments: list[str], where: str) -> list[str]:
     """One line per argument that would set a flag of ``FLAGS_FROM_CONFIG`` or
     ``FLAGS_HIDING_ARGUMENTS``, in any spelling SGLang's parser takes.

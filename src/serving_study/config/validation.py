@@ -3,7 +3,9 @@
 The JSON schema (config/schema/config.schema.yaml) says what each key may hold;
 this module applies it, fills in the schema's defaults, and adds the checks a
 schema cannot express: names that must be unique, and names that must refer to
-something defined elsewhere in the same config. Every problem becomes one line
+something defined elsewhere in the same config. ``key_problems`` applies the same
+schema to one piece of a config (a workload given to the generator directly), so
+that no job restates a limit or a default. Every problem becomes one line
 that names the file and the key, e.g. ``config/b1.yaml: arms[2].variant: 'patchd'
 names no variant (known: original, patched)``.
 """
@@ -13,19 +15,15 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import jsonschema
-import yaml
 from packaging.version import InvalidVersion, Version
 
+from serving_study.config.schema import config_schema, load_schema, property_schema
 from serving_study.config.secrets import secret_problems
 from serving_study.config.server_arguments import server_argument_conflicts
 
 
 class ConfigError(ValueError):
     """The config is wrong; the message names the file, the key and the fix."""
-
-
-def load_schema(schema_path: Path) -> dict:
-    return yaml.safe_load(Path(schema_path).read_text())
 
 
 def key_path(parts: Iterable) -> str:
@@ -63,8 +61,8 @@ def _fill_defaults(validator_class):
 _DefaultFillingValidator = _fill_defaults(jsonschema.Draft202012Validator)
 
 
-def _schema_message(error: jsonschema.ValidationError) -> str:
-    where = key_path(error.absolute_path)
+def _schema_message(error: jsonschema.ValidationError, root: Sequence = ()) -> str:
+    where = key_path([*root, *error.absolute_path])
     if error.validator == "additionalProperties":
         unknown = sorted(set(error.instance) - set(error.schema.get("properties", {})))
         allowed = ", ".join(sorted(error.schema.get("properties", {})))
@@ -73,9 +71,11 @@ def _schema_message(error: jsonschema.ValidationError) -> str:
         )
     if error.validator == "required":
         return f"{where}: {error.message}"
-    if error.validator == "anyOf" and list(error.schema_path)[-2:-1] == [
-        "propertyNames"
-    ]:
+    if (
+        error.validator == "anyOf"
+        and list(error.schema_path)[-2:-1] == ["propertyNames"]
+        and list(error.absolute_path)[-1:] == ["environment"]
+    ):
         known = next(
             (choice["enum"] for choice in error.schema["anyOf"] if "enum" in choice),
             [],
@@ -119,6 +119,17 @@ def schema_problems(config: dict, schema: dict) -> list[str]:
     validator = _DefaultFillingValidator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: list(e.absolute_path))
     return [_schema_message(error) for error in errors]
+
+
+def key_problems(value, *keys: str, root: Sequence = ()) -> list[str]:
+    """Check ``value`` against the schema of the config key at ``keys`` (a list key
+    stands for one of its items), filling defaults in place; ``root`` names the
+    value in the problems, as ``key_path`` parts."""
+    validator = _DefaultFillingValidator(config_schema()).evolve(
+        schema=property_schema(*keys)
+    )
+    errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+    return [_schema_message(error, root) for error in errors]
 
 
 def _duplicates(records: Sequence[dict], collection: str) -> list[str]:

@@ -1,12 +1,10 @@
 """The load client: closed-loop streaming chat requests with one image each.
 
-The workload manifest (JSON, written by `workloads.py`) names a prompt and a list of
-images relative to the manifest's directory. `load_requests` reads and checks every
-image and pre-encodes its chat message (base64 data URL) once; `run_load` turns them
-into complete request bodies before the clock starts, then keeps exactly
-`concurrency` streaming requests in flight: warm-up requests first, then the measured
-ones, with no pause between them so the server stays at the same load. Requests go
-over kept-alive HTTP/1.1 connections, one per slot (`http1.py`).
+`run_load` turns the workload's requests (chat_requests.py) into complete request
+bodies before the clock starts, then keeps exactly `concurrency` streaming requests
+(chat_stream.py) in flight: warm-up requests first, then the measured ones, with no
+pause between them so the server stays at the same load. Requests go over
+kept-alive HTTP/1.1 connections, one per slot (`http1.py`).
 
 Per request it writes one JSON line:
     index, phase ("warmup"|"measured"), image_file,
@@ -23,108 +21,20 @@ dispatch lag measures how long the client's event loop took to send the next one
 from __future__ import annotations
 
 import asyncio
-import base64
 import collections
-import hashlib
 import json
-import subprocess
 import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import requests
-
 from serving_study.measure import http1
+from serving_study.measure.chat_requests import JSON, ChatRequest
+from serving_study.measure.chat_stream import StreamOutcome, stream_chat
 
-IMAGE_MEDIA_TYPES = {"png": "image/png", "jpeg": "image/jpeg", "jpg": "image/jpeg"}
 LOOP_LAG_TICK_S = 0.02
 PROGRESS_EVERY_S = 0.5
-STREAM_END_WAIT_S = 1.0  # after [DONE], for the body's end
-JSON = "application/json"
-
-
-class ServerNeverHealthy(RuntimeError):
-    """The server did not answer GET /health with 200 in time."""
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    """One image and the prompt, with its chat message already JSON-encoded."""
-
-    image_file: str  # as named in the manifest, relative to the manifest's directory
-    messages_json: bytes  # the encoded value of the body's "messages" field
-
-    def body(self, *, model: str, output_tokens: int) -> bytes:
-        """The complete JSON body of a streaming chat-completions request."""
-        settings = {
-            "model": model,
-            "max_completion_tokens": output_tokens,
-            "temperature": 0,
-            "stream": True,
-            "ignore_eos": True,
-            "stream_options": {"include_usage": True},
-        }
-        head = json.dumps(settings, separators=(",", ":")).encode()
-        # Splice the encoded messages in: re-encoding megabytes of base64 is slow.
-        return head[:-1] + b',"messages":' + self.messages_json + b"}"
-
-
-def load_requests(manifest_path: Path) -> list[ChatRequest]:
-    """One ChatRequest per manifest image, in manifest order; checks every sha256."""
-    manifest_path = Path(manifest_path)
-    manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-    prompt = manifest["prompt"]
-    if not manifest.get("images"):
-        raise ValueError(f"Workload manifest {manifest_path} lists no images.")
-    chat_requests = []
-    for image in manifest["images"]:
-        path = manifest_path.parent / image["file"]
-        data = path.read_bytes()
-        digest = hashlib.sha256(data).hexdigest()
-        if digest != image["sha256"]:
-            raise ValueError(
-                f"Image {path} has sha256 {digest}, the manifest says "
-                f"{image['sha256']}: the workload changed after it was written. "
-                "Regenerate the workload."
-            )
-        media_type = IMAGE_MEDIA_TYPES.get(image["format"])
-        if media_type is None:
-            raise ValueError(
-                f"Image {path} has format {image['format']!r}; the client sends "
-                f"{sorted(IMAGE_MEDIA_TYPES)}."
-            )
-        url = f"data:{media_type};base64,".encode() + base64.b64encode(data)
-        chat_requests.append(
-            ChatRequest(
-                image_file=image["file"], messages_json=messages_json(url, prompt)
-            )
-        )
-    return chat_requests
-
-
-def messages_json(image_url: bytes, prompt: str) -> bytes:
-    """The JSON of one user message with an image URL and the prompt.
-
-    A data URL needs no escaping in JSON (base64 and its prefix are plain ASCII),
-    so it is spliced in as bytes: JSON-encoding megabytes of base64 would scan every
-    character, which took most of the time of loading a workload.
-    """
-    placeholder = "\0image-url\0"
-    messages = [
-        {
-            "role": "user",
-            "content": [
-                {"type": "image_url", "image_url": {"url": placeholder}},
-                {"type": "text", "text": prompt},
-            ],
-        }
-    ]
-    head, tail = json.dumps(messages, separators=(",", ":")).split(
-        json.dumps(placeholder)
-    )
-    return b'%s"%s"%s' % (head.encode(), image_url, tail.encode())
 
 
 @dataclass
@@ -149,99 +59,6 @@ class LoadSummary:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-# --- One streaming request ------------------------------------------------------------
-
-
-@dataclass
-class _Outcome:
-    status: int | None = None
-    error: str | None = None
-    first_token_at: float | None = None
-    output_tokens: int | None = None
-
-
-async def _stream_chat(
-    connections: http1.Connections, request: bytes, outcome: _Outcome
-) -> None:
-    """Send one prepared request and read its SSE stream to [DONE], filling `outcome`.
-
-    Only the events up to the first token are decoded on the way; later ones are
-    kept as bytes and decoded at [DONE] only as far as needed (usage normally sits
-    in the last one), which keeps the client's CPU per request low.
-    """
-    response = await http1.send(connections, request)
-    try:
-        outcome.status = response.status
-        if response.status != 200:
-            text = (await response.read_all()).decode(errors="replace")
-            outcome.error = f"HTTP {response.status}: {text[:300]}"
-            return
-        after_first_token: list[bytes] = []
-        pending = b""
-        async for data in response.body():
-            pending += data
-            if b"\r" in pending:
-                pending = pending.replace(b"\r\n", b"\n")
-            *events, pending = pending.split(b"\n\n")
-            for event in events:
-                payload = _event_data(event)
-                if payload is None:
-                    continue
-                if payload == b"[DONE]":
-                    _finish(outcome, after_first_token)
-                    # The body's end follows; read it so the connection is reused.
-                    await response.finish(STREAM_END_WAIT_S)
-                    return
-                if outcome.first_token_at is not None and b'"error"' not in payload:
-                    after_first_token.append(payload)
-                    continue
-                chunk = json.loads(payload)
-                if "error" in chunk:
-                    outcome.error = f"error event in stream: {chunk['error']}"[:300]
-                    return
-                if outcome.first_token_at is None and _has_token(chunk):
-                    outcome.first_token_at = time.monotonic()
-                    after_first_token.append(payload)
-        outcome.error = "stream ended before [DONE]"
-    finally:
-        await connections.release(response)
-
-
-def _finish(outcome: _Outcome, after_first_token: list[bytes]) -> None:
-    """Output tokens from the stream's usage chunk, else by counting token chunks."""
-    for payload in reversed(after_first_token[-2:]):
-        usage = json.loads(payload).get("usage")
-        if usage and usage.get("completion_tokens") is not None:
-            outcome.output_tokens = usage["completion_tokens"]
-            return
-    outcome.output_tokens = sum(
-        1 for payload in after_first_token if _has_token(json.loads(payload))
-    )
-
-
-def _event_data(event: bytes) -> bytes | None:
-    """The data of one SSE event (its `data:` lines joined), or None if it has none."""
-    if event.startswith(b"data: ") and b"\n" not in event:
-        return event[6:].strip()  # the usual one-line event
-    lines = [
-        line[5:].lstrip(b" ")
-        for line in event.split(b"\n")
-        if line.startswith(b"data:")
-    ]
-    return b"\n".join(lines).strip() if lines else None
-
-
-def _has_token(chunk: dict) -> bool:
-    for choice in chunk.get("choices") or ():
-        delta = choice.get("delta") or {}
-        if delta.get("content") or delta.get("reasoning_content"):
-            return True
-    return False
-
-
-# --- The closed loop ------------------------------------------------------------------
 
 
 @dataclass
@@ -305,12 +122,10 @@ async def run_load(
     async def one_request(index: int, scheduled_at: float) -> None:
         state.in_flight += 1
         sent_at = time.monotonic()
-        outcome = _Outcome()
+        outcome = StreamOutcome()
         try:
             async with asyncio.timeout(request_timeout_s):
-                await _stream_chat(
-                    connections, prepared[index % len(prepared)], outcome
-                )
+                await stream_chat(connections, prepared[index % len(prepared)], outcome)
         except Exception as error:  # recorded per request: connection, payload, JSON
             outcome.error = f"{type(error).__name__}: {error}"[:300]
         ended_at = time.monotonic()
@@ -392,7 +207,7 @@ def _record(
     scheduled_at: float,
     sent_at: float,
     ended_at: float,
-    outcome: _Outcome,
+    outcome: StreamOutcome,
 ) -> dict:
     def since_t0(moment: float | None) -> float | None:
         return None if moment is None else round(moment - t0, 6)
@@ -460,56 +275,3 @@ def _summary(records: list[dict | None], **figures: float | int) -> LoadSummary:
         client_cpu_seconds=figures["client_cpu_seconds"],
         wall_seconds=figures["wall_seconds"],
     )
-
-
-# --- Readiness ------------------------------------------------------------------------
-
-
-def local_session() -> requests.Session:
-    """A session for this host's own servers: never through a proxy.
-
-    ``requests`` sends even 127.0.0.1 through ``HTTP_PROXY`` unless ``NO_PROXY``
-    says otherwise; the load itself (``http1``) opens its sockets directly.
-    """
-    session = requests.Session()
-    session.trust_env = False
-    return session
-
-
-def wait_until_healthy(
-    base_url: str,
-    timeout_s: float,
-    *,
-    process: subprocess.Popen | None = None,
-    poll_s: float = 0.05,
-) -> float:
-    """Poll GET /health until it answers 200; return the seconds it took.
-
-    Raises ServerNeverHealthy when `timeout_s` passes or when `process` (a
-    subprocess.Popen of the server) exits first; the caller adds the log tail.
-    """
-    url = base_url.rstrip("/") + "/health"
-    started = time.monotonic()
-    deadline = started + timeout_s
-    last_answer = "no answer yet"
-    with local_session() as session:
-        while True:
-            if process is not None and process.poll() is not None:
-                raise ServerNeverHealthy(
-                    f"The server process exited with code {process.returncode} "
-                    f"before {url} answered 200 (last: {last_answer})."
-                )
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                raise ServerNeverHealthy(
-                    f"{url} did not answer 200 within {timeout_s:g} s "
-                    f"(last: {last_answer})."
-                )
-            try:
-                response = session.get(url, timeout=max(0.1, min(5.0, remaining)))
-                if response.status_code == 200:
-                    return time.monotonic() - started
-                last_answer = f"HTTP {response.status_code}"
-            except requests.RequestException as error:
-                last_answer = f"{type(error).__name__}"
-            time.sleep(min(poll_s, max(0.0, deadline - time.monotonic())))

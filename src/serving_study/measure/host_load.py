@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from serving_study.servers.cgroups import CpuStat
+from serving_study.servers.cpu_group import CpuStat
 
 CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
 PROC_STAT = "/proc/stat"

@@ -10,7 +10,7 @@ since when), so a run that waits or fails can say for whom.
 
 Work that takes no lock (anything else on the host) is caught afterwards: a run
 whose measured window saw more than ``max_other_load_cores`` of other load is
-invalid (``host_load`` measures it, ``run_metrics`` gives the reason).
+invalid (``host_load`` measures it, ``run_validity`` gives the reason).
 """
 
 from __future__ import annotations

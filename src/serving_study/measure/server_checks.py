@@ -4,7 +4,7 @@
 resolved, the ``mm_utils.py`` its main process loaded, its intra-op threads, and
 for real SGLang what its log says (``server_log_facts``). ``validity_checks``
 adds the quota in force, the environment seen in the server, restarts and the
-client's limits. ``run_metrics`` turns the result into a run's reasons.
+client's limits. ``run_validity`` turns the result into a run's reasons.
 """
 
 import os

@@ -1,13 +1,20 @@
-"""Where a process's CPU time goes, thread by thread, from /proc/<pid>/task/*/stat.
+"""Where a process's CPU time goes, thread by thread, from /proc/<pid>/task/*.
 
-`read_thread_cpu(pid)` takes a snapshot: each thread's name (its ``comm``, as set
-with ``prctl(PR_SET_NAME)``; OpenMP workers keep the name of the thread that made
-them) and its user and system CPU time in clock ticks. `later.since(earlier)` gives
-the CPU each thread used in between, split into the main thread (the one whose id is
-the pid: a server's event loop) and the others (an intra-op OpenMP team, say).
+Every per-thread reading of the project is made here, in one of two forms:
+
+* `read_thread_cpu(pid)` takes a snapshot from each thread's ``stat``: its name (its
+  ``comm``, as set with ``prctl(PR_SET_NAME)``; OpenMP workers keep the name of the
+  thread that made them) and its user and system CPU time in clock ticks.
+  `later.since(earlier)` gives the CPU each thread used in between, split into the
+  main thread (the one whose id is the pid: a server's event loop) and the others
+  (an intra-op OpenMP team, say).
+* `read_thread_run_time(pid)` reads each thread's ``schedstat``: its CPU time in
+  nanoseconds, without a name. Exact where ticks are coarse, and cheap enough for
+  the run monitors to sample hundreds of threads once a second;
+  `threads_that_ran` and `main_thread_split` compare two such readings.
 
 The kernel keeps a thread's counters only while the thread exists: a thread that
-ended between two snapshots is missing from the difference, and one that started in
+ended between two readings is missing from the difference, and one that started in
 between counts from zero.
 """
 
@@ -125,6 +132,52 @@ def parse_task_stat(thread_id: int, stat: bytes) -> ThreadCpu:
 
 def read_thread_cpu(pid: int) -> ThreadCpuSnapshot:
     """Snapshot the threads of `pid`; ProcessLookupError when it does not exist."""
+    threads = {
+        thread_id: parse_task_stat(thread_id, stat)
+        for thread_id, stat in _read_every_thread(pid, "stat", 4096).items()
+    }
+    return ThreadCpuSnapshot(pid, threads)
+
+
+def read_thread_run_time(pid: int) -> dict[int, int]:
+    """The CPU time of every thread of `pid` so far in ns, by thread id (schedstat);
+    ProcessLookupError when the process does not exist."""
+    return {
+        thread_id: int(schedstat.split(b" ", 1)[0])
+        for thread_id, schedstat in _read_every_thread(pid, "schedstat", 64).items()
+    }
+
+
+def threads_that_ran(before: dict[int, int], after: dict[int, int]) -> int:
+    """Threads that used CPU between two run-time readings (new ones if they ran)."""
+    return sum(1 for thread_id, ns in after.items() if ns > before.get(thread_id, 0))
+
+
+def main_thread_split(
+    start: dict[int, int], end: dict[int, int], pid: int, seconds: float
+) -> dict:
+    """Where process `pid`'s CPU went between two run-time readings `seconds` apart,
+    as percents of one core: its main thread (the event loop) and all its other
+    threads (the intra-op OpenMP team and helper threads). A thread whose counter
+    went backwards between the readings (an id reused) is left out."""
+    if not end or seconds <= 0:
+        return {"main_thread_cpu_percent": None, "other_threads_cpu_percent": None}
+    used = {
+        thread: run_time - start.get(thread, 0)
+        for thread, run_time in end.items()
+        if run_time >= start.get(thread, 0)
+    }
+    main = used.get(pid, 0)
+    others = sum(used.values()) - main
+    return {
+        "main_thread_cpu_percent": 100 * main / 1e9 / seconds,
+        "other_threads_cpu_percent": 100 * others / 1e9 / seconds,
+    }
+
+
+def _read_every_thread(pid: int, file_name: str, size: int) -> dict[int, bytes]:
+    """The first `size` bytes of /proc/<pid>/task/<tid>/<file_name> of every thread
+    alive while they are read, by thread id; ProcessLookupError when `pid` is gone."""
     # Plain os calls on string paths: an OpenMP team can be hundreds of threads.
     task_directory = f"/proc/{pid}/task/"
     try:
@@ -133,18 +186,20 @@ def read_thread_cpu(pid: int) -> ThreadCpuSnapshot:
         raise ProcessLookupError(
             f"no process {pid} ({task_directory} is gone)"
         ) from None
-    threads = {}
+    texts = {}
     for thread_id in thread_ids:
         try:
-            descriptor = os.open(f"{task_directory}{thread_id}/stat", os.O_RDONLY)
-        except FileNotFoundError:
+            descriptor = os.open(
+                f"{task_directory}{thread_id}/{file_name}", os.O_RDONLY
+            )
+        except (FileNotFoundError, ProcessLookupError):
             continue  # the thread ended while the directory was read
         try:
-            stat = os.read(descriptor, 4096)
+            text = os.read(descriptor, size)
         except ProcessLookupError:
-            stat = b""
+            text = b""
         finally:
             os.close(descriptor)
-        if stat:  # empty (or ESRCH) when the thread ended after the open
-            threads[int(thread_id)] = parse_task_stat(int(thread_id), stat)
-    return ThreadCpuSnapshot(pid, threads)
+        if text:  # empty (or ESRCH) when the thread ended after the open
+            texts[int(thread_id)] = text
+    return texts

@@ -1,14 +1,10 @@
 """Starting a server in a container (docker or podman) with the arm's CPU quota.
 
 ``ContainerServer`` has the interface of ``local_runtime.LocalServer``, so the arm
-runner treats both alike. The container runs detached, on the host's network (the
-server binds 127.0.0.1 on a free port and the client stays outside), with the
-arm's quota as ``--cpus``, the arm's environment and nothing else of the host's,
-a ``/dev/shm`` sized for the workload's largest tensor (Docker's default 64 MiB
-would silently push SGLang off the shared-memory path under study) or the host's
-IPC namespace, GPUs when asked, and read-only mounts (the model). The monitors
-stay on the host: the container's processes are host processes, found from its
-init pid, and its cgroup is read where the runtime made it.
+runner treats both alike. It starts the container with the command line of
+``container_commands`` and watches it from the host: the container's processes are
+host processes, found from its init pid, and its cgroup is read where the runtime
+made it, so the monitors stay outside.
 
 Teardown is one ``stop()`` that leaves nothing behind: the container is stopped
 (SIGTERM, SIGKILL after a grace period), the shared-memory segments its
@@ -21,202 +17,31 @@ import json
 import logging
 import math
 import os
-import re
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
 
-from serving_study.config.platform import SGLangPlatform
 from serving_study.servers import container_watchdog
-from serving_study.servers.cgroups import CpuGroup, QuotaUnavailable, group_of_pid
-from serving_study.servers.host import feature_bytes
+from serving_study.servers.cgroup_hierarchy import QuotaUnavailable
+from serving_study.servers.container_commands import (
+    QUOTA_INSIDE_SCRIPT,
+    ContainerCommandFailed,
+    container_name,
+    normal_image_id,
+    parse_quota,
+    run_command,
+)
+from serving_study.servers.cpu_group import CpuGroup, group_of_pid
 from serving_study.servers.local_runtime import log_tail
 
 log = logging.getLogger(__name__)
 
-RUNTIMES = ("docker", "podman")
-# Least privilege: neither engine needs a capability (servers run as the image's
-# root, bind ports above 1024 on the host's network, write /dev/shm, /tmp and the
-# root-owned compile cache, and signal only their own processes), and nothing in
-# a container may gain privileges (setuid binaries) after it starts.
-LEAST_PRIVILEGE = ("--cap-drop", "ALL", "--security-opt", "no-new-privileges")
-# An image id as docker writes it; podman may leave out the "sha256:".
-IMAGE_ID = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
-RUN_LABEL = "serving-study.run"
-# The pid of the runner that started the container: once it is gone, the
-# container is a leftover (leftovers.py removes it).
-OWNER_LABEL = "serving-study.owner"
 # SGLang 0.5.23 names segments sgl_shm_<kind>_<creator pid>_<8 hex>.
 SGLANG_SEGMENT_PREFIX = "sgl_shm_"
 HOST_SHARED_MEMORY = Path("/dev/shm")
-MIB = 1 << 20
-# Room in /dev/shm besides the image tensors (torch and SGLang keep a little there).
-SHARED_MEMORY_HEADROOM = 256 * MIB
-SHARED_MEMORY_MINIMUM = 1024 * MIB
 COMMAND_TIMEOUT_S = 300
-# Reads the quota as the processes inside see it (cgroup v2, else v1).
-QUOTA_INSIDE_SCRIPT = (
-    "cat /sys/fs/cgroup/cpu.max 2>/dev/null || echo "
-    "$(cat /sys/fs/cgroup/cpu/cpu.cfs_quota_us) "
-    "$(cat /sys/fs/cgroup/cpu/cpu.cfs_period_us)"
-)
-
-
-class ContainerCommandFailed(RuntimeError):
-    """A docker/podman command the runner relies on failed; the message says which."""
-
-
-# --- Sizes and command lines (pure) --------------------------------------------------
-
-
-def largest_tensor_bytes(workload_manifest: Path) -> int:
-    """The largest image tensor of a workload (its manifest lists each image)."""
-    manifest = json.loads(Path(workload_manifest).read_text())
-    return max(feature_bytes(image) for image in manifest["images"])
-
-
-def shared_memory_bytes(largest_tensor: int, concurrency: int) -> int:
-    """A /dev/shm size that never runs out under the arm's load, in whole MiB.
-
-    Each request in flight holds one segment until the scheduler has read it, and a
-    read segment stays charged to /dev/shm while the scheduler maps it: two per
-    request at most, plus headroom. tmpfs takes memory only when used, so the
-    generous size costs nothing.
-    """
-    needed = 2 * concurrency * largest_tensor + SHARED_MEMORY_HEADROOM
-    return max(SHARED_MEMORY_MINIMUM, math.ceil(needed / MIB) * MIB)
-
-
-def container_options(
-    settings: dict,
-    platform: SGLangPlatform | None,
-    concurrency: int,
-    workload_manifest: Path,
-) -> dict:
-    """``shm_size``, ``ipc_host`` and ``gpus`` of one arm's container, from the
-    config's ``container`` section (see config.schema.yaml).
-
-    ``platform`` is where a real SGLang server runs, None for the embedded engine;
-    ``gpus: auto`` gives all GPUs only when it wants them (a GPU host), none on CPU.
-    """
-    shm_size = settings.get("shm_size")
-    if not shm_size and not settings["ipc_host"]:
-        size = shared_memory_bytes(largest_tensor_bytes(workload_manifest), concurrency)
-        shm_size = f"{size // MIB}m"
-    gpus = settings["gpus"]
-    if gpus == "auto":
-        gpus = "all" if platform is not None and platform.container_gpus else "none"
-    return {"shm_size": shm_size, "ipc_host": settings["ipc_host"], "gpus": gpus}
-
-
-def read_image_id(image_id_file: str | Path) -> str:
-    """The image id a build wrote with --iidfile (``sha256:...``)."""
-    text = Path(image_id_file).read_text().strip()
-    image_id = normal_image_id(text)
-    if image_id is None:
-        raise ContainerCommandFailed(
-            f"{image_id_file} holds {text[:80]!r}, not an image id (sha256:...); "
-            "build the image again"
-        )
-    return image_id
-
-
-def normal_image_id(text: str) -> str | None:
-    """``sha256:<64 hex>`` from an image id in either runtime's spelling, or None
-    (a tag is not an id)."""
-    matched = IMAGE_ID.fullmatch(text.strip())
-    return f"sha256:{matched.group(1)}" if matched else None
-
-
-def gpu_options(runtime: str, gpus: str | None) -> list[str]:
-    """``--gpus`` for docker; podman names NVIDIA GPUs as CDI devices instead."""
-    if not gpus or gpus == "none":
-        return []
-    if runtime == "docker":
-        # docker reads --gpus as CSV: a device list must be one quoted field.
-        return ["--gpus", f'"{gpus}"' if "," in gpus else gpus]
-    devices = ["all"] if gpus == "all" else gpus.removeprefix("device=").split(",")
-    return [
-        option
-        for device in devices
-        for option in ("--device", f"nvidia.com/gpu={device}")
-    ]
-
-
-def container_name(group_name: str) -> str:
-    """A container name from the run's group name, in the characters names allow."""
-    return "serving-study-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", group_name)
-
-
-def run_command(
-    *,
-    runtime: str,
-    image: str,
-    command: list[str],
-    name: str,
-    label: str,
-    environment: dict[str, str],
-    quota_cores: float | None,
-    shm_size: str | None,
-    passed_environment: Sequence[str] = (),
-    ipc_host: bool = False,
-    gpus: str | None = None,
-    read_only_mounts: Sequence[tuple[str, str]] = (),
-    writable_mounts: Sequence[tuple[str, str]] = (),
-) -> list[str]:
-    """``docker run --detach`` (or ``podman run``) of ``command`` in ``image``.
-
-    ``quota_cores`` None starts the container without a quota (``apply_quota`` adds
-    it later); ``shm_size`` is the size of a private /dev/shm (e.g. ``"2048m"``),
-    unused when ``ipc_host`` shares the host's. ``passed_environment`` names
-    variables the container gets from the runtime client's environment (secrets:
-    ``--env NAME``, so no value is on the command line or in its records).
-    """
-    if runtime not in RUNTIMES:
-        raise ValueError(f"runtime {runtime!r} is not one of {RUNTIMES}")
-    argv = [
-        runtime,
-        "run",
-        "--detach",
-        "--name",
-        name,
-        "--label",
-        f"{RUN_LABEL}={label}",
-        "--label",
-        f"{OWNER_LABEL}={os.getpid()}",
-    ]
-    log_driver = "json-file" if runtime == "docker" else "k8s-file"
-    argv += ["--network=host", f"--log-driver={log_driver}", *LEAST_PRIVILEGE]
-    if quota_cores is not None:
-        argv += ["--cpus", f"{quota_cores:g}"]
-    if ipc_host:
-        argv.append("--ipc=host")
-    elif shm_size:
-        argv += ["--shm-size", shm_size]
-    argv += gpu_options(runtime, gpus)
-    for host_path, container_path in read_only_mounts:
-        argv += ["--volume", f"{host_path}:{container_path}:ro"]
-    for host_path, container_path in writable_mounts:
-        argv += ["--volume", f"{host_path}:{container_path}:rw"]
-    for variable, value in sorted(environment.items()):
-        argv += ["--env", f"{variable}={value}"]
-    for variable in passed_environment:
-        argv += ["--env", variable]
-    return argv + ["--", image, *command]
-
-
-def parse_quota(text: str) -> dict:
-    """``cpu.max`` text (``"max 100000"``, ``"50000 100000"``; v1 ``"-1 100000"``)."""
-    quota_text, period_text = text.split()
-    period_us = int(period_text)
-    quota_us = None if quota_text in ("max", "-1") else int(quota_text)
-    return {
-        "quota_us": quota_us,
-        "period_us": period_us,
-        "cores": None if quota_us is None else quota_us / period_us,
-    }
 
 
 def namespace_pid(pid: int) -> int | None:
@@ -231,6 +56,7 @@ def namespace_pid(pid: int) -> int | None:
 
 
 def segment_creator(name: str) -> int | None:
+    """The creator pid an SGLang segment's name holds (a pid of its namespace)."""
     parts = name.split("_")
     if len(parts) >= 5 and parts[-2].isdigit():
         return int(parts[-2])

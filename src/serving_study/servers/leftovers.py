@@ -41,7 +41,8 @@ from serving_study.servers.cgroups import (
     project_group_directories,
     remove_group_directory,
 )
-from serving_study.servers.container_runtime import OWNER_LABEL, segment_creator
+from serving_study.servers.container_commands import OWNER_LABEL
+from serving_study.servers.container_runtime import segment_creator
 
 log = logging.getLogger(__name__)
 

@@ -20,11 +20,12 @@ from serving_study.config.platform import (
 )
 from serving_study.config.secrets import secret_names
 from serving_study.config.server_arguments import server_argument_conflicts
-from serving_study.servers.container_runtime import container_name, run_command
+from serving_study.servers.container_commands import container_name, run_command
 from serving_study.sources.images import image_tag
 
 SERVER_MODULE = "sglang.launch_server"
 CONTAINER_MODELS_DIRECTORY = PurePosixPath("/models")
+
 
 class ServerArgumentConflict(ValueError):
     """Extra server arguments set a flag that a config key already sets."""

@@ -16,7 +16,7 @@ import re
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serving_study.sources.fetch import file_sha256
+from serving_study.sources.files import file_sha256
 
 REQUIRED_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
 WEIGHT_INDEX = "model.safetensors.index.json"

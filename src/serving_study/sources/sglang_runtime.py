@@ -27,7 +27,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serving_study.sources.fetch import file_sha256, write_json
+from serving_study.sources.files import file_sha256, write_json
 from serving_study.sources.wheelhouse import canonical_name
 
 RECORD = "runtime.json"

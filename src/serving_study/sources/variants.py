@@ -19,11 +19,8 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serving_study.sources.fetch import (
-    fetch_pull_request_diff,
-    file_sha256,
-    staged_directory,
-)
+from serving_study.sources.files import file_sha256, staged_directory
+from serving_study.sources.pull_request import fetch_pull_request_diff
 
 TRANSPORT_MODULE = Path("python/sglang/srt/managers/mm_utils.py")
 # A changed Python file in a unified diff of the repository's layout.

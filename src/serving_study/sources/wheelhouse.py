@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
-from serving_study.sources.fetch import file_sha256, staged_directory
+from serving_study.sources.files import file_sha256, staged_directory
 
 # Never constrained: the package itself (installed from the build context).
 NOT_CONSTRAINED = ("serving-study",)

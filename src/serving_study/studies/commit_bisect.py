@@ -31,15 +31,11 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import subprocess
-import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serving_study.analysis.aggregate import arms_table, runs_table
 from serving_study.analysis.release_change import (
     CANNOT_TELL,
     ChangeCriterion,
@@ -48,10 +44,13 @@ from serving_study.analysis.release_change import (
     compare,
     false_alarm_chance,
 )
+from serving_study.analysis.summaries import arms_table, runs_table
 from serving_study.engine.shm_loader import VariantSourceError, load_variant_transport
-from serving_study.measure.arm_runner import RunPaths, run_arm
+from serving_study.measure.arm_runner import run_arm
+from serving_study.measure.run_outputs import RunPaths
 from serving_study.sources.fetch import fetch_source
 from serving_study.sources.variants import prepare_variant
+from serving_study.studies.commit_history import BisectError, first_parent_commits
 
 log = logging.getLogger(__name__)
 
@@ -61,12 +60,6 @@ BAD = "bad"
 FOUND = "found"
 ENDS_ALIKE = "ends do not differ"
 INCONCLUSIVE = "inconclusive"
-
-GIT_TIMEOUT_S = 1800
-
-
-class BisectError(RuntimeError):
-    """The bisect cannot start: the repository or its ends are not usable."""
 
 
 @dataclass(frozen=True)
@@ -211,92 +204,6 @@ def search(
         "first_bad_commit": commits[high] if status == FOUND else None,
         "probes": [probe.as_dict() for probe in probes],
     }
-
-
-# --- the repository ----------------------------------------------------------------
-
-
-def first_parent_commits(repository: str, good: str, bad: str) -> list[str]:
-    """Full shas from good to bad along bad's first-parent history, good first.
-
-    The repository is cloned without file contents into a temporary directory;
-    ``good`` and ``bad`` may be shas or tags.
-    """
-    local = Path(repository).expanduser()
-    source = str(local.resolve()) if local.exists() else repository
-    with tempfile.TemporaryDirectory(prefix="bisect-history-") as work:
-        clone = Path(work) / "repository.git"
-        without_contents = [] if local.exists() else ["--filter=blob:none"]
-        _git(
-            ["clone", "--quiet", "--bare", *without_contents, "--", source, str(clone)],
-            Path(work),
-            what=f"cloning {repository}",
-        )
-        good_commit = _resolve(clone, good, "good", repository)
-        bad_commit = _resolve(clone, bad, "bad", repository)
-        if good_commit == bad_commit:
-            raise BisectError(
-                f"bisect: good ({good}) and bad ({bad}) are the same commit "
-                f"{good_commit}; give the commit before the change as good"
-            )
-        ancestor = _git(
-            ["merge-base", "--is-ancestor", good_commit, bad_commit],
-            clone,
-            check=False,
-        )
-        if ancestor.returncode != 0:
-            raise BisectError(
-                f"bisect: good ({good}) is not an ancestor of bad ({bad}) in "
-                f"{repository}; give as good a commit on bad's history, e.g. "
-                "git merge-base of the two"
-            )
-        listed = _git(
-            ["rev-list", "--first-parent", "--reverse", f"{good_commit}..{bad_commit}"],
-            clone,
-        ).stdout.split()
-    return [good_commit, *listed]
-
-
-def _resolve(clone: Path, revision: str, end: str, repository: str) -> str:
-    # rev-parse takes no "--" before a revision (git before 2.43).
-    if revision.startswith("-"):
-        raise BisectError(
-            f"bisect.{end}: {revision!r} starts with '-'; give a commit or a tag"
-        )
-    resolved = _git(
-        ["rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
-        clone,
-        check=False,
-    )
-    if resolved.returncode != 0:
-        raise BisectError(
-            f"bisect.{end}: {revision!r} is neither a commit nor a tag of "
-            f"{repository}; check the config"
-        )
-    return resolved.stdout.strip()
-
-
-def _git(
-    arguments: list[str], cwd: Path, what: str = "", check: bool = True
-) -> subprocess.CompletedProcess:
-    environment = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
-    }
-    environment["GIT_TERMINAL_PROMPT"] = "0"
-    result = subprocess.run(
-        ["git", *arguments],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=GIT_TIMEOUT_S,
-        env=environment,
-    )
-    if check and result.returncode != 0:
-        last = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        raise BisectError(f"{what or 'git ' + arguments[0]} failed: {last}")
-    return result
 
 
 # --- one probe: fetch, variant, runs ------------------------------------------------

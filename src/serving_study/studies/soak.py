@@ -28,7 +28,8 @@ import yaml
 
 from serving_study.config.arm_order import execution_order
 from serving_study.config.validation import check_config
-from serving_study.measure.arm_runner import RunPaths, run_arm
+from serving_study.measure.arm_runner import run_arm
+from serving_study.measure.run_outputs import RunPaths
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 SHARED_MEMORY = Path("/dev/shm")

@@ -20,19 +20,14 @@ from pathlib import Path
 
 import pandas as pd
 
-from serving_study.measure.arm_runner import (
-    ArmFailed,
-    RunPaths,
-    measure,
-    now_iso,
-    quota_cores,
-    read_server_info,
-    start_healthy_server,
-    termination_as_interrupt,
-    write_json,
-)
+from serving_study.measure.arm_server import quota_cores
+from serving_study.measure.run_failure import ArmFailed, termination_as_interrupt
 from serving_study.measure.run_metrics import failed_run_metrics, summarize_run
+from serving_study.measure.run_outputs import RunPaths, now_iso, write_json
+from serving_study.measure.run_window import measure
 from serving_study.measure.server_checks import server_identity, validity_checks
+from serving_study.measure.server_queries import read_server_info
+from serving_study.measure.server_start import start_healthy_server
 from serving_study.servers.environment import recorded_environment
 from serving_study.servers.leftovers import owned_name
 

@@ -1,0 +1,303 @@
+"""Each claim of the config judged on the arms' medians: holds, does not hold, or
+cannot tell.
+
+A ratio claim compares two arms' medians of one figure against a bound, and
+lists the ratio within each repetition block beside it (run k of one arm
+against run k of the other; every block runs every arm once, so drift hits
+both alike). A "within" claim asks that several arms' medians lie within a
+tolerance of each other. A claim whose arms have too few valid runs cannot be
+told either way.
+"""
+
+import math
+
+import pandas as pd
+
+from serving_study.analysis.numbers import format_number, is_number
+from serving_study.analysis.summaries import arm_median, reference_values
+from serving_study.measure.run_metrics import METRICS
+
+HOLDS = "holds"
+DOES_NOT_HOLD = "does not hold"
+CANNOT_TELL = "cannot tell"
+
+DEFAULT_MIN_VALID_RUNS = 3
+
+
+def check_claims(config: dict) -> None:
+    """Raise ValueError naming the claim when a claim or reference is malformed."""
+    arm_names = {arm["name"] for arm in config["arms"]}
+    for entry in (config.get("reference") or {}).get("arms") or []:
+        if entry.get("arm") not in arm_names:
+            raise ValueError(
+                f"reference.arms names arm {entry.get('arm')!r}, which is not in "
+                f"the experiment's arms {sorted(arm_names)}; fix the name or drop it"
+            )
+        for metric in entry:
+            if metric != "arm" and metric not in METRICS:
+                raise ValueError(
+                    f"reference for arm {entry['arm']!r} gives {metric!r}, which is "
+                    f"not a run figure; use one of {sorted(METRICS)}"
+                )
+    for claim in config.get("claims") or []:
+        name = claim.get("name", "<unnamed>")
+        kind = claim_kind(claim)
+        if claim.get("metric") not in METRICS:
+            raise ValueError(
+                f"claim {name!r} uses metric {claim.get('metric')!r}; "
+                f"use one of {sorted(METRICS)}"
+            )
+        named_arms = claim_arms(claim)
+        unknown = [arm for arm in named_arms if arm not in arm_names]
+        if unknown:
+            raise ValueError(
+                f"claim {name!r} names arms {unknown} that are not in the "
+                f"experiment's arms {sorted(arm_names)}"
+            )
+        if kind == "ratio" and (
+            len(named_arms) != 2
+            or (claim.get("at_least") is None and claim.get("at_most") is None)
+        ):
+            raise ValueError(
+                f"ratio claim {name!r} needs numerator, denominator and at least "
+                "one of at_least / at_most"
+            )
+        if kind == "within" and (len(named_arms) < 2 or "tolerance" not in claim):
+            raise ValueError(
+                f"within claim {name!r} needs at least two arms and a tolerance"
+            )
+        if kind not in ("ratio", "within"):
+            raise ValueError(f"claim {name!r} has kind {kind!r}; use ratio or within")
+
+
+def claim_kind(claim: dict) -> str:
+    return claim.get("kind", "ratio")
+
+
+def claim_arms(claim: dict) -> list[str]:
+    if claim_kind(claim) == "within":
+        return list(claim.get("arms") or [])
+    return [claim.get("numerator"), claim.get("denominator")]
+
+
+def ratios_table(runs: pd.DataFrame, arms: pd.DataFrame, config: dict) -> pd.DataFrame:
+    rows = []
+    for claim in config.get("claims") or []:
+        if claim_kind(claim) != "ratio":
+            continue
+        rows.append(ratio_row(claim, runs, arms, config))
+    columns = [
+        "claim",
+        "metric",
+        "numerator",
+        "denominator",
+        "numerator_median",
+        "denominator_median",
+        "ratio_of_medians",
+        "reference_ratio",
+        "paired_blocks",
+        "block_ratio_min",
+        "block_ratio_max",
+        "block_ratios",
+    ]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def ratio_row(claim: dict, runs, arms, config) -> dict:
+    metric = claim["metric"]
+    numerator_median = arm_median(arms, claim["numerator"], metric)
+    denominator_median = arm_median(arms, claim["denominator"], metric)
+    blocks = block_ratios(runs, claim["numerator"], claim["denominator"], metric)
+    # A missing median is NaN and keeps the ratio NaN; only zero needs a guard.
+    ratio = numerator_median / denominator_median if denominator_median else math.nan
+    block_values = list(blocks.values())
+    return {
+        "claim": claim["name"],
+        "metric": metric,
+        "numerator": claim["numerator"],
+        "denominator": claim["denominator"],
+        "numerator_median": numerator_median,
+        "denominator_median": denominator_median,
+        "ratio_of_medians": ratio,
+        "reference_ratio": reference_ratio(claim, config),
+        "paired_blocks": len(blocks),
+        "block_ratio_min": min(block_values) if block_values else math.nan,
+        "block_ratio_max": max(block_values) if block_values else math.nan,
+        "block_ratios": "; ".join(
+            f"run{run} {value:.3g}" for run, value in blocks.items()
+        ),
+    }
+
+
+def block_ratios(
+    runs: pd.DataFrame, numerator: str, denominator: str, metric: str
+) -> dict[int, float]:
+    """Ratio within each repetition block where both arms' runs are valid."""
+    valid = runs[runs["valid"] & runs[metric].notna()]
+    top = valid[valid["arm"] == numerator].set_index("run")[metric]
+    bottom = valid[valid["arm"] == denominator].set_index("run")[metric]
+    blocks = {}
+    for run in sorted(set(top.index) & set(bottom.index)):
+        if bottom[run] != 0:
+            blocks[int(run)] = float(top[run] / bottom[run])
+    return blocks
+
+
+def reference_ratio(claim: dict, config: dict) -> float:
+    """The claim's stated study ratio, else the ratio of the reference values."""
+    if claim.get("reference_ratio") is not None:
+        return float(claim["reference_ratio"])
+    references = reference_values(config)
+    top = references.get((claim["numerator"], claim["metric"]))
+    bottom = references.get((claim["denominator"], claim["metric"]))
+    if top is None or not bottom:
+        return math.nan
+    return top / bottom
+
+
+def claims_table(runs: pd.DataFrame, arms: pd.DataFrame, config: dict) -> pd.DataFrame:
+    rows = []
+    for claim in config.get("claims") or []:
+        if claim_kind(claim) == "ratio":
+            row = judge_ratio(claim, runs, arms, config)
+        else:
+            row = judge_within(claim, runs, arms, config)
+        row["sentence"] = (
+            f"{claim['statement']}: {row['verdict']} here ({row['detail']})"
+        )
+        rows.append(row)
+    columns = [
+        "claim",
+        "kind",
+        "statement",
+        "metric",
+        "arms",
+        "verdict",
+        "value",
+        "bound",
+        "reference_value",
+        "detail",
+        "sentence",
+    ]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def judge_ratio(claim: dict, runs, arms, config) -> dict:
+    ratio = ratio_row(claim, runs, arms, config)
+    bound = describe_ratio_bound(claim)
+    study = ratio["reference_ratio"]
+    study_text = f"; study {study:.3g}x" if is_number(study) else ""
+    row = _claim_row(claim, bound)
+    row["value"] = ratio["ratio_of_medians"]
+    row["reference_value"] = study
+    shortfall = too_few_runs(claim, arms)
+    if shortfall:
+        row["verdict"] = CANNOT_TELL
+        row["detail"] = shortfall + study_text
+        return row
+    value = ratio["ratio_of_medians"]
+    if not is_number(value):
+        row["verdict"] = CANNOT_TELL
+        row["detail"] = (
+            f"no ratio: the {claim['denominator']} median of {claim['metric']} "
+            f"is {ratio['denominator_median']}{study_text}"
+        )
+        return row
+    holds = ratio_within_bounds(value, claim)
+    blocks = block_ratios(
+        runs, claim["numerator"], claim["denominator"], claim["metric"]
+    )
+    agreeing = sum(ratio_within_bounds(block, claim) for block in blocks.values())
+    block_text = f"; {agreeing} of {len(blocks)} paired runs meet it" if blocks else ""
+    row["verdict"] = HOLDS if holds else DOES_NOT_HOLD
+    shortfall_text = "" if holds else f", the claim needs {bound}"
+    row["detail"] = f"{value:.3g}x{shortfall_text}{block_text}{study_text}"
+    return row
+
+
+def judge_within(claim: dict, runs, arms, config) -> dict:
+    metric = claim["metric"]
+    tolerance = float(claim["tolerance"])
+    row = _claim_row(claim, f"spread at most {tolerance:.0%}")
+    medians = [arm_median(arms, arm, metric) for arm in claim["arms"]]
+    study = claim.get("reference_spread")
+    if study is None:
+        references = reference_values(config)
+        study_values = [references.get((arm, metric)) for arm in claim["arms"]]
+        study = spread(study_values) if None not in study_values else math.nan
+    study_text = f"; study {study:.1%}" if is_number(study) else ""
+    row["reference_value"] = study
+    row["value"] = math.nan
+    shortfall = too_few_runs(claim, arms)
+    if shortfall or not all(is_number(median) for median in medians):
+        row["verdict"] = CANNOT_TELL
+        row["detail"] = (shortfall or f"an arm has no {metric} value") + study_text
+        return row
+    value = spread(medians)
+    row["value"] = value
+    if not is_number(value):
+        row["verdict"] = CANNOT_TELL
+        row["detail"] = f"an arm's median {metric} is not positive{study_text}"
+        return row
+    holds = value <= tolerance
+    row["verdict"] = HOLDS if holds else DOES_NOT_HOLD
+    unit = METRICS[metric].unit
+    row["detail"] = (
+        f"{', '.join(claim['arms'])}: medians {format_number(min(medians))} to "
+        f"{format_number(max(medians))} {unit}, spread {value:.1%}, "
+        f"allowed {tolerance:.0%}{study_text}"
+    )
+    return row
+
+
+def spread(values: list[float]) -> float:
+    """How far the largest value is above the smallest, as a fraction."""
+    smallest = min(values)
+    if smallest <= 0:
+        return math.nan
+    return max(values) / smallest - 1
+
+
+def ratio_within_bounds(value: float, claim: dict) -> bool:
+    at_least = claim.get("at_least")
+    at_most = claim.get("at_most")
+    return (at_least is None or value >= at_least) and (
+        at_most is None or value <= at_most
+    )
+
+
+def describe_ratio_bound(claim: dict) -> str:
+    parts = []
+    if claim.get("at_least") is not None:
+        parts.append(f"at least {claim['at_least']:g}x")
+    if claim.get("at_most") is not None:
+        parts.append(f"at most {claim['at_most']:g}x")
+    return " and ".join(parts)
+
+
+def too_few_runs(claim: dict, arms: pd.DataFrame) -> str:
+    """Why the claim cannot be judged for lack of valid runs, or ''."""
+    needed = int(claim.get("min_valid_runs", DEFAULT_MIN_VALID_RUNS))
+    short = []
+    for arm in claim_arms(claim):
+        rows = arms[arms["arm"] == arm]
+        valid = int(rows["n_valid"].iloc[0]) if len(rows) else 0
+        total = int(rows["n_total"].iloc[0]) if len(rows) else 0
+        if valid < needed:
+            short.append(
+                f"{arm} has {valid} valid run{'s' if valid != 1 else ''} of {total}"
+            )
+    if not short:
+        return ""
+    return f"{'; '.join(short)}; the claim needs {needed}"
+
+
+def _claim_row(claim: dict, bound: str) -> dict:
+    return {
+        "claim": claim["name"],
+        "kind": claim_kind(claim),
+        "statement": claim["statement"],
+        "metric": claim["metric"],
+        "arms": ", ".join(claim_arms(claim)),
+        "bound": bound,
+    }

@@ -1,0 +1,34 @@
+"""How a run ends early: a recorded failure, or an interrupt that still tears down.
+
+A run that cannot be measured raises `ArmFailed`; its message becomes the run's
+reason, and the study goes on. A SIGTERM from Snakemake becomes an interrupt, so
+every ``finally`` runs and nothing of the server is left behind.
+"""
+
+import contextlib
+import signal
+
+
+class ArmFailed(RuntimeError):
+    """The run could not be measured; the message is recorded as its reason."""
+
+
+@contextlib.contextmanager
+def termination_as_interrupt():
+    """Turn SIGTERM into KeyboardInterrupt while a run is in progress.
+
+    Snakemake stops running jobs with SIGTERM when it is interrupted; Python's
+    default would end the process at once, skipping every ``finally`` and leaving
+    the server, its cgroup and its segments behind. As an exception, the teardown
+    runs and the job ends without writing outputs, so a rerun (with
+    --rerun-incomplete) measures the run afresh.
+    """
+
+    def interrupt(signal_number, frame):
+        raise KeyboardInterrupt(f"stopped by signal {signal_number}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,83 @@
+"""The measured window of one run on a healthy server: warm-up, then the window.
+
+Warm-up and measured requests form one closed loop at the arm's concurrency; the
+monitors' window opens as the first measured request is sent and closes when the
+last one ends. What comes back is the monitors' figures and the client's summary.
+"""
+
+import asyncio
+import logging
+from pathlib import Path
+
+from serving_study.measure.arm_server import model_name
+from serving_study.measure.chat_requests import load_requests
+from serving_study.measure.client import run_load
+from serving_study.measure.host_load import HostLoadMeter
+from serving_study.measure.monitors import RunMonitors
+from serving_study.measure.run_failure import ArmFailed
+from serving_study.measure.run_outputs import RunPaths
+from serving_study.servers.local_runtime import LocalServer
+
+log = logging.getLogger(__name__)
+
+
+def measure(
+    base_url: str,
+    server: LocalServer,
+    arm: dict,
+    engine: dict,
+    workload_manifest: Path,
+    client: dict,
+    monitors: dict,
+    paths: RunPaths,
+) -> tuple[dict, dict]:
+    """Warm-up, then the measured requests inside the monitors' window.
+
+    Warm-up and measured requests form one closed loop at the arm's concurrency:
+    the window opens as the first measured request is sent, with the pipeline
+    already full, and closes when the last measured request ends.
+    """
+    chat_requests = load_requests(workload_manifest)
+    server.remember_tree()
+    # The run's own CPU: every group of its server (the model processes' too).
+    own_groups = (server.group, getattr(server, "model_group", None))
+    run_monitors = RunMonitors(
+        server.pid,
+        server.group,
+        sample_hz=monitors["sample_hz"],
+        thread_sample_hz=monitors["thread_sample_hz"],
+        gpu={"auto": None, "on": True, "off": False}[monitors["gpu"]],
+        host_load=HostLoadMeter([group for group in own_groups if group]),
+    )
+    window: dict = {}
+    try:
+        # Find the server's processes now, so that opening the window on the
+        # client's event loop only reads counters.
+        run_monitors.discover()
+        log.info(
+            "%d warm-up then %d measured requests at concurrency %d",
+            client["warmup_requests"],
+            arm["requests"],
+            arm["concurrency"],
+        )
+        summary = asyncio.run(
+            run_load(
+                base_url,
+                chat_requests,
+                concurrency=arm["concurrency"],
+                measured_requests=arm["requests"],
+                warmup_requests=client["warmup_requests"],
+                output_tokens=arm["output_tokens"],
+                model=model_name(engine),
+                out_path=paths.requests,
+                progress=True,
+                request_timeout_s=client["request_timeout_s"],
+                on_measured_start=run_monitors.start_window,
+                on_measured_end=lambda: window.update(run_monitors.stop_window()),
+            )
+        )
+    finally:
+        run_monitors.stop()
+    if not window:
+        raise ArmFailed("the measured window never closed (the client stopped early)")
+    return window, summary.to_dict()

@@ -1,0 +1,242 @@
+"""The two figures numbered after the study's own, from the arms and runs tables.
+
+- Figure 1, `throughput_vs_concurrency`: median throughput against
+  concurrency, one line per transport (and per variant or environment where
+  arms differ in those too), with every valid run and the study's numbers.
+- Figure 4, `arm_comparison`: per arm, bars for throughput, TTFT p50,
+  main-process CPU and (when measured) GPU utilization. Each panel puts the
+  reproduction's median with its [min, max] and run points beside the study's
+  reference value.
+"""
+
+import math
+
+import altair as alt
+import pandas as pd
+
+from serving_study.analysis.summaries import describe_environment
+from serving_study.measure.run_metrics import METRICS
+from serving_study.report.figures import FIGURE_TITLES
+from serving_study.report.formatting import metric_heading
+
+REPRODUCTION = "reproduction"
+STUDY = "study"
+SOURCE_COLORS = {REPRODUCTION: "#3b6ea8", STUDY: "#c9a227"}
+
+COMPARISON_METRICS = (
+    "throughput_rps",
+    "ttft_p50_ms",
+    "main_cpu_percent",
+    "gpu_util_percent",
+)
+
+
+def series_labels(config: dict) -> dict[str, str]:
+    """Name each arm's line: its transport, plus whatever else sets arms apart.
+
+    Arms that differ only in concurrency share a line; when arms of one
+    transport also differ in variant, quota or environment, those attributes
+    are added to the label so that the lines stay apart.
+    """
+
+    def describe(arm: dict, attribute: str) -> str:
+        if attribute == "environment":
+            return describe_environment(arm.get("environment"))
+        if attribute == "cpu_quota":
+            return f"quota {arm.get('cpu_quota')}"
+        return str(arm.get(attribute))
+
+    varying = ["transport"] + [
+        attribute
+        for attribute in ("variant", "cpu_quota", "environment")
+        if len({describe(arm, attribute) for arm in config["arms"]}) > 1
+    ]
+    return {
+        arm["name"]: ", ".join(describe(arm, attribute) for attribute in varying)
+        for arm in config["arms"]
+    }
+
+
+def throughput_vs_concurrency(tables: dict[str, pd.DataFrame], config: dict) -> dict:
+    metric = "throughput_rps"
+    labels = series_labels(config)
+    concurrency = {arm["name"]: arm.get("concurrency") for arm in config["arms"]}
+
+    arms = tables["arms"]
+    summary = arms[arms["metric"] == metric].copy()
+    summary["series"] = summary["arm"].map(labels)
+    lines = pd.concat(
+        [
+            summary.assign(source=REPRODUCTION, value=summary["median"]),
+            summary.assign(
+                source=STUDY, value=summary["reference"], min=math.nan, max=math.nan
+            ),
+        ]
+    )
+    lines = lines.dropna(subset=["value"])
+    lines = lines[["arm", "series", "concurrency", "source", "value", "min", "max"]]
+
+    runs = tables["runs"]
+    points = runs[runs["valid"] & runs[metric].notna()].copy()
+    points["series"] = points["arm"].map(labels)
+    points["concurrency"] = points["arm"].map(concurrency)
+    points = points[["arm", "run", "series", "concurrency", metric]]
+
+    ticks = sorted({c for c in concurrency.values() if c is not None})
+    x = alt.X(
+        "concurrency:Q",
+        scale=alt.Scale(type="log", base=2),
+        axis=alt.Axis(values=ticks, format="d"),
+        title="concurrency (requests in flight)",
+    )
+    color = alt.Color("series:N", title="arms")
+    line = (
+        alt.Chart(lines)
+        .mark_line()
+        .encode(
+            x=x,
+            y=alt.Y("value:Q", title=metric_heading(metric)),
+            color=color,
+            strokeDash=alt.StrokeDash(
+                "source:N",
+                scale=alt.Scale(domain=[REPRODUCTION, STUDY], range=[[1, 0], [4, 3]]),
+                title="numbers from",
+            ),
+            detail="source:N",
+        )
+    )
+    markers = (
+        alt.Chart(lines)
+        .mark_point(filled=True, size=60)
+        .encode(
+            x=x,
+            y="value:Q",
+            color=color,
+            shape=alt.Shape(
+                "source:N",
+                scale=alt.Scale(
+                    domain=[REPRODUCTION, STUDY], range=["circle", "diamond"]
+                ),
+                title="numbers from",
+            ),
+            tooltip=[
+                "arm",
+                "series",
+                "concurrency",
+                "source",
+                alt.Tooltip("value:Q", format=".3g"),
+                alt.Tooltip("min:Q", format=".3g"),
+                alt.Tooltip("max:Q", format=".3g"),
+            ],
+        )
+    )
+    spread = (
+        alt.Chart(lines[lines["source"] == REPRODUCTION])
+        .mark_rule()
+        .encode(x=x, y="min:Q", y2="max:Q", color=color)
+    )
+    runs_layer = (
+        alt.Chart(points)
+        .mark_circle(size=30, opacity=0.5)
+        .encode(
+            x=x,
+            y=alt.Y(f"{metric}:Q"),
+            color=color,
+            tooltip=["arm", "run", alt.Tooltip(f"{metric}:Q", format=".3g")],
+        )
+    )
+    chart = alt.layer(spread, line, markers, runs_layer).properties(
+        width=420,
+        height=300,
+        title=FIGURE_TITLES["throughput_vs_concurrency"],
+    )
+    return chart.to_dict()
+
+
+def arm_comparison(tables: dict[str, pd.DataFrame], config: dict) -> dict:
+    arm_order = [arm["name"] for arm in config["arms"]]
+    arms = tables["arms"]
+    metrics = [
+        metric
+        for metric in COMPARISON_METRICS
+        if arms.loc[arms["metric"] == metric, ["median", "reference"]]
+        .notna()
+        .any()
+        .any()
+    ]
+    if not metrics:
+        metrics = ["throughput_rps"]
+    panels = [comparison_panel(tables, metric, arm_order) for metric in metrics]
+    rows = [
+        alt.hconcat(*panels[start : start + 2]) for start in range(0, len(panels), 2)
+    ]
+    chart = alt.vconcat(*rows).properties(title=FIGURE_TITLES["arm_comparison"])
+    return chart.resolve_scale(color="shared").to_dict()
+
+
+def comparison_panel(
+    tables: dict[str, pd.DataFrame], metric: str, arm_order
+) -> alt.LayerChart:
+    arms = tables["arms"]
+    summary = arms[arms["metric"] == metric]
+    bars = pd.concat(
+        [
+            summary.assign(source=REPRODUCTION, value=summary["median"]),
+            summary.assign(
+                source=STUDY, value=summary["reference"], min=math.nan, max=math.nan
+            ),
+        ]
+    ).dropna(subset=["value"])
+    bars = bars[["arm", "environment", "variant", "source", "value", "min", "max"]]
+
+    runs = tables["runs"]
+    points = runs[runs["valid"] & runs[metric].notna()][["arm", "run", metric]].copy()
+    points["source"] = REPRODUCTION
+
+    # Short arm names (A, B, ...) read best level; long ones need tilting.
+    tilt = 0 if max(len(name) for name in arm_order) <= 8 else -30
+    x = alt.X("arm:N", sort=arm_order, title=None, axis=alt.Axis(labelAngle=tilt))
+    offset = alt.XOffset("source:N", scale=alt.Scale(domain=[REPRODUCTION, STUDY]))
+    color = alt.Color(
+        "source:N",
+        scale=alt.Scale(domain=list(SOURCE_COLORS), range=list(SOURCE_COLORS.values())),
+        title="numbers from",
+    )
+    bar_layer = (
+        alt.Chart(bars)
+        .mark_bar()
+        .encode(
+            x=x,
+            xOffset=offset,
+            y=alt.Y("value:Q", title=metric_heading(metric)),
+            color=color,
+            tooltip=[
+                "arm",
+                "variant",
+                "environment",
+                "source",
+                alt.Tooltip("value:Q", format=".3g"),
+                alt.Tooltip("min:Q", format=".3g"),
+                alt.Tooltip("max:Q", format=".3g"),
+            ],
+        )
+    )
+    spread_layer = (
+        alt.Chart(bars[bars["source"] == REPRODUCTION])
+        .mark_rule(color="black")
+        .encode(x=x, xOffset=offset, y="min:Q", y2="max:Q")
+    )
+    points_layer = (
+        alt.Chart(points)
+        .mark_circle(color="black", size=25, opacity=0.7)
+        .encode(
+            x=x,
+            xOffset=offset,
+            y=f"{metric}:Q",
+            tooltip=["arm", "run", alt.Tooltip(f"{metric}:Q", format=".3g")],
+        )
+    )
+    width = max(160, 55 * len(arm_order))
+    return alt.layer(bar_layer, spread_layer, points_layer).properties(
+        width=width, height=200, title=METRICS[metric].label
+    )

@@ -1,0 +1,76 @@
+"""What each figure is called and what its caption says, which figures the page
+shows, and a figure as HTML: its spec travels as a JSON script block that the
+page's embedder draws."""
+
+from serving_study.report.markup import escape, script_json
+
+FIGURE_TITLES = {
+    "throughput_vs_concurrency": "Figure 1: throughput against concurrency",
+    "arm_comparison": "Figure 4: arms side by side, with the study's numbers",
+    "release_series": "Releases in order: throughput and main-process CPU",
+    "thread_quota_map": "Throughput over intra-op threads and CPU quota",
+    "which_fix": "Which fix: throughput under the quota, by fix",
+}
+
+FIGURE_CAPTIONS = {
+    "release_series": (
+        "Per release, in release order: the median over valid runs (colored by "
+        "how it compares with the release before), its [min, max] (vertical "
+        "rule) and each valid run (black dots). The dashed red line marks the "
+        "first release whose runs differ from the release before beyond the "
+        "run-to-run spread: [min, max] ranges apart and medians at least the "
+        "configured smallest change apart."
+    ),
+    "throughput_vs_concurrency": (
+        "Median throughput over valid runs at each concurrency, one line per "
+        "transport; vertical rules span the runs' [min, max], dots are single "
+        "runs, dashed lines are the study's numbers."
+    ),
+    "arm_comparison": (
+        "Per arm: the reproduction's median over valid runs (blue bar) with its "
+        "[min, max] (black rule) and each valid run (black dots), beside the "
+        "study's reference value (gold bar) where the study reported one."
+    ),
+    "which_fix": (
+        "Median throughput over valid runs under the quota: the trap (the "
+        "original copy with default intra-op threads) and each fix, labelled with "
+        "its ratio to the trap. What each fix costs is in the table beside it."
+    ),
+    "thread_quota_map": (
+        "Throughput of one measured window per cell: intra-op threads of the main "
+        "process (forced with torch.set_num_threads) across, the server's CPU "
+        "quota down. One server per row, its quota changed live between cells. "
+        "The last panel divides the second variant's throughput by the first's "
+        "(above 1: the second serves more). Invalid cells are left empty."
+    ),
+}
+
+
+def shown_figures(specs: dict[str, dict], config: dict) -> dict[str, dict]:
+    """The figures the page shows, in its order: Figure 1 only where the arms
+    span several concurrencies; every figure stays a page of its own anyway."""
+    shown = ["arm_comparison"]
+    if has_several_concurrencies(config):
+        shown.insert(0, "throughput_vs_concurrency")
+    if "release_series" in specs:
+        shown.insert(0, "release_series")
+    if "thread_quota_map" in specs:
+        shown.append("thread_quota_map")
+    if "which_fix" in specs:
+        shown.append("which_fix")
+    return {name: specs[name] for name in shown}
+
+
+def figure_html(name: str, spec: dict) -> str:
+    return (
+        f'<figure id="figure-{name}">\n'
+        f'<div id="chart-{name}"></div>\n'
+        f'<script type="application/json" data-chart="chart-{name}">'
+        f"{script_json(spec)}</script>\n"
+        f"<figcaption><strong>{escape(FIGURE_TITLES[name])}.</strong> "
+        f"{escape(FIGURE_CAPTIONS[name])}</figcaption>\n</figure>"
+    )
+
+
+def has_several_concurrencies(config: dict) -> bool:
+    return len({arm.get("concurrency") for arm in config["arms"]}) > 1

@@ -1,0 +1,172 @@
+"""The setup section: the host, when the runs were measured, each arm's
+settings, the variants and where their engine source came from, and for real
+SGLang on a CPU host what differs from a GPU host."""
+
+from datetime import UTC, datetime
+
+import pandas as pd
+
+from serving_study.analysis.summaries import describe_environment
+from serving_study.config.platform import CPU_HOST_DIFFERENCES
+from serving_study.report.formatting import describe
+from serving_study.report.markup import escape, html_table
+
+
+def setup_html(tables: dict[str, pd.DataFrame], config: dict, host: dict) -> str:
+    host_rows = host_summary_rows(host) + [["runs measured", run_dates(tables["runs"])]]
+    if (config.get("reference") or {}).get("source"):
+        host_rows.append(
+            ["study numbers from", describe(config["reference"]["source"])]
+        )
+    arm_rows = []
+    runs = tables["runs"]
+    for arm in config["arms"]:
+        arm_runs = runs[runs["arm"] == arm["name"]]
+        threads = sorted({int(t) for t in arm_runs["torch_threads"].dropna()})
+        arm_rows.append(
+            [
+                arm["name"],
+                describe(arm.get("variant")),
+                describe(arm.get("workload")),
+                describe(arm.get("transport")),
+                describe(arm.get("concurrency")),
+                describe(arm.get("cpu_quota")),
+                describe_environment(arm.get("environment")),
+                ", ".join(str(t) for t in threads) or "not recorded",
+                f"{int(arm_runs['valid'].astype(bool).sum())} of {len(arm_runs)}",
+            ]
+        )
+    arm_header = [
+        "arm",
+        "variant",
+        "workload",
+        "transport",
+        "concurrency",
+        "CPU quota (cores)",
+        "environment",
+        "intra-op threads seen",
+        "valid runs",
+    ]
+    return html_table(["setting", "value"], host_rows) + html_table(
+        arm_header, arm_rows
+    )
+
+
+def variants_html(variants: list[dict]) -> str:
+    rows = []
+    for variant in variants:
+        patch = variant.get("patch") or variant.get("pull_request") or {}
+        rows.append(
+            [
+                describe(variant.get("name")),
+                source_text(variant.get("source") or {}),
+                describe(patch.get("file")) if patch else "none (unpatched)",
+                describe(patch.get("sha256")) if patch else "",
+                describe(variant.get("mm_utils_sha256")),
+            ]
+        )
+    header = ["variant", "source", "patch", "patch sha256", "mm_utils.py sha256"]
+    return html_table(header, rows)
+
+
+def source_text(source: dict) -> str:
+    """One line naming where a variant's engine source came from, with its hash."""
+    kind = source.get("kind")
+    if kind == "pypi":
+        return (
+            f"PyPI {source.get('package')} {source.get('version')} "
+            f"({source.get('file')}, sha256 {source.get('sha256')})"
+        )
+    if kind == "git":
+        return f"git {source.get('url')} at {source.get('commit')}"
+    if kind == "path":
+        return f"local copy {source.get('path')} (sha256 {source.get('sha256')})"
+    return describe(source)
+
+
+def host_summary_rows(host: dict) -> list[list[str]]:
+    """The host description (results/<experiment>/host.json) as readable rows."""
+    if not host:
+        return [["host", "not recorded"]]
+    gpu = host.get("gpu") or {}
+    gpus = gpu.get("gpus") or []
+    gpu_text = (
+        "; ".join(f"{g['name']} ({g['memory_gib']} GiB)" for g in gpus)
+        + f", driver {gpu.get('driver')}"
+        if gpus
+        else f"none ({gpu.get('reason') or 'not recorded'})"
+    )
+    runtimes = []
+    for name, runtime in sorted((host.get("container_runtimes") or {}).items()):
+        if not runtime.get("installed"):
+            runtimes.append(f"{name}: not installed")
+        else:
+            state = (
+                "engine running"
+                if runtime.get("engine_reachable")
+                else ("engine not running")
+            )
+            runtimes.append(f"{runtime.get('version')} ({state})")
+    versions = host.get("versions") or {}
+    return [
+        ["host", describe(host.get("hostname"))],
+        [
+            "CPU",
+            f"{describe(host.get('cpu_model'))}: {describe(host.get('visible_cpus'))} "
+            f"visible of {describe(host.get('cpu_count'))}",
+        ],
+        ["memory", f"{describe(host.get('memory_gib'))} GiB"],
+        [
+            "kernel, cgroup",
+            f"{describe(host.get('kernel'))}, "
+            f"cgroup {describe(host.get('cgroup_version'))}",
+        ],
+        ["GPU", gpu_text],
+        [
+            "engine, runtime",
+            f"{describe(host.get('engine'))}, {describe(host.get('runtime'))}",
+        ],
+        ["container runtimes", "; ".join(runtimes) or "not recorded"],
+        ["free /dev/shm", f"{describe(host.get('shared_memory_free_mib'))} MiB"],
+        [
+            "software",
+            ", ".join(f"{name} {version}" for name, version in versions.items()),
+        ],
+    ]
+
+
+def run_dates(runs: pd.DataFrame) -> str:
+    starts = runs["window_start_epoch"].dropna()
+    ends = runs["window_end_epoch"].dropna()
+    if starts.empty:
+        return "no run recorded its measurement window"
+    first = datetime.fromtimestamp(float(starts.min()), tz=UTC)
+    last = datetime.fromtimestamp(
+        float(ends.max() if not ends.empty else starts.max()), tz=UTC
+    )
+    return f"{first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC"
+
+
+def platform_html(config: dict) -> str:
+    """For real SGLang on a CPU host: what differs from a GPU host, and which arms
+    have the quota on the main process alone."""
+    sglang = config.get("sglang") or {}
+    if config.get("engine") != "sglang" or sglang.get("device") != "cpu":
+        return ""
+    items = "".join(f"<li>{escape(line)}</li>" for line in CPU_HOST_DIFFERENCES)
+    main_only = [
+        arm["name"]
+        for arm in config.get("arms", [])
+        if arm.get("quota_scope") == "main_process"
+    ]
+    scope = (
+        "<p>The quota binds the main process alone (the scheduler and detokenizer "
+        f"in a cgroup of their own) in: {escape(', '.join(main_only))}; the whole "
+        "server elsewhere.</p>"
+        if main_only
+        else ""
+    )
+    return (
+        "<h3>SGLang's real server on CPU: what differs from a GPU host</h3>"
+        f"<ul>{items}</ul>{scope}"
+    )

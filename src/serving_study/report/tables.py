@@ -1,0 +1,162 @@
+"""The measurement tables: arms beside the study's numbers, invalid runs, every
+run, and every cell of the thread x quota map."""
+
+import pandas as pd
+
+from serving_study.analysis.numbers import format_number
+from serving_study.measure.run_metrics import METRICS
+from serving_study.report.formatting import (
+    interval_text,
+    metric_heading,
+    summary_text,
+    text,
+)
+from serving_study.report.markup import escape, html_table
+
+# Arm-table columns, in order; the study's number follows each one it has.
+SUMMARY_METRICS = (
+    "throughput_rps",
+    "ttft_p50_ms",
+    "e2e_p50_ms",
+    "main_cpu_percent",
+    "scheduler_cpu_percent",
+    "cores_used",
+    "throttled_share",
+    "gpu_util_percent",
+    "gpu_memory_used_mib",
+)
+
+RUN_COLUMNS = (
+    "throughput_rps",
+    "output_tokens_per_s",
+    "ttft_p50_ms",
+    "ttft_p90_ms",
+    "ttft_p99_ms",
+    "e2e_p50_ms",
+    "main_cpu_percent",
+    "scheduler_cpu_percent",
+    "cores_used",
+    "throttled_share",
+    "gpu_util_percent",
+    "gpu_memory_used_mib",
+    "torch_threads",
+    "main_threads_max",
+    "dispatch_lag_max_ms",
+    "error_count",
+)
+
+
+def arms_html(tables: dict[str, pd.DataFrame]) -> str:
+    arms = tables["arms"]
+    shown = [
+        metric
+        for metric in SUMMARY_METRICS
+        if arms.loc[arms["metric"] == metric, ["median", "reference"]]
+        .notna()
+        .any()
+        .any()
+    ]
+    with_reference = {
+        metric
+        for metric in shown
+        if arms.loc[arms["metric"] == metric, "reference"].notna().any()
+    }
+    header = ["arm", "valid runs"]
+    for metric in shown:
+        header.append(metric_heading(metric))
+        if metric in with_reference:
+            header.append("study")
+    rows = []
+    for arm, group in arms.groupby("arm", sort=False):
+        by_metric = group.set_index("metric")
+        first = group.iloc[0]
+        row = [arm, f"{int(first['n_valid'])} of {int(first['n_total'])}"]
+        for metric in shown:
+            summary = by_metric.loc[metric]
+            row.append(summary_text(summary))
+            if metric in with_reference:
+                row.append(format_number(summary["reference"]))
+        rows.append(row)
+    notes = sorted(
+        set(arms.loc[arms["metric"] == "throughput_rps", "ci_note"].dropna())
+    )
+    note_html = "".join(f'<p class="note">{escape(note)}</p>' for note in notes)
+    details = html_table(
+        [
+            "arm",
+            "figure",
+            "unit",
+            "runs with it",
+            "median",
+            "min",
+            "max",
+            "95% CI",
+            "study",
+        ],
+        [
+            [
+                row["arm"],
+                row["label"],
+                row["unit"],
+                text(row["n_values"]),
+                format_number(row["median"]),
+                format_number(row["min"]),
+                format_number(row["max"]),
+                interval_text(row),
+                format_number(row["reference"]),
+            ]
+            for row in arms.to_dict("records")
+        ],
+        numeric_from=3,
+    )
+    return (
+        '<p class="note">Cells: median [min–max] over valid runs.</p>'
+        + html_table(header, rows, numeric_from=2)
+        + note_html
+        + f"<details><summary>Every figure of every arm</summary>{details}</details>"
+    )
+
+
+def invalid_runs_html(tables: dict[str, pd.DataFrame]) -> str:
+    invalid = tables["invalid_runs"]
+    if invalid.empty:
+        return "<p>None: every run counts.</p>"
+    rows = [
+        [row["arm"], text(row["run"]), text(row["reasons"])]
+        for row in invalid.to_dict("records")
+    ]
+    return html_table(["arm", "run", "reasons"], rows)
+
+
+def runs_html(tables: dict[str, pd.DataFrame]) -> str:
+    runs = tables["runs"]
+    header = ["arm", "run", "valid"] + [
+        metric_heading(c) if c in METRICS else c.replace("_", " ") for c in RUN_COLUMNS
+    ]
+    rows = [
+        [row["arm"], text(row["run"]), "yes" if row["valid"] else "no"]
+        + [format_number(row[column]) for column in RUN_COLUMNS]
+        for row in runs.to_dict("records")
+    ]
+    return html_table(header, rows, numeric_from=3)
+
+
+def map_cells_html(cells: pd.DataFrame) -> str:
+    # The cell figures the table holds, without those no cell measured (GPU).
+    columns = [c for c in cells.columns if c in METRICS and cells[c].notna().any()]
+    header = ["variant", "intra-op threads", "quota (cores)", "valid"] + [
+        metric_heading(column) for column in columns
+    ]
+    header.append("why invalid")
+    rows = [
+        [
+            row["variant"],
+            text(row["intra_op_threads"]),
+            text(row["cpu_quota"]),
+            "yes" if row["valid"] else "no",
+            *(format_number(row[column]) for column in columns),
+            text(row["invalid_reason"]),
+        ]
+        for row in cells.to_dict("records")
+    ]
+    return html_table(header, rows, numeric_from=4)

@@ -1,0 +1,110 @@
+"""A pull request's change to SGLang's ``python/`` folder, as a patch to apply."""
+
+from __future__ import annotations
+
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from serving_study.sources.git_commands import (
+    GIT_FETCH_TIMEOUT_S,
+    git_remote,
+    require_reachable,
+    run_git,
+    try_git,
+)
+from serving_study.sources.source_errors import SourceMismatch, last_line
+
+
+@dataclass(frozen=True)
+class PullRequestDiff:
+    """A pull request's change to ``python/``, taken against its merge base."""
+
+    url: str
+    number: int
+    head_commit: str
+    merge_base: str
+    text: str
+
+
+def fetch_pull_request_diff(
+    git_url: str, number: int, base_commit: str
+) -> PullRequestDiff:
+    """Fetch pull request ``number`` and diff it against its merge base with a commit.
+
+    Only the ``python/`` folder is diffed, the part of the repository a source tree
+    holds. The head commit is recorded because a pull request's head moves.
+    """
+    where = f"pull request #{number} of {git_url}"
+    pull_ref = f"refs/pull/{number}/head"
+    with tempfile.TemporaryDirectory(prefix="pull-request-") as work:
+        repository = Path(work)
+        remote = git_remote(git_url)
+        run_git(["init", "--quiet", "--bare"], repository)
+        require_reachable(where, remote, repository)
+        # A blobless fetch: history and trees now, file contents only as diff needs.
+        for setting in (
+            ["remote.origin.url", remote],
+            ["remote.origin.promisor", "true"],
+            ["remote.origin.partialclonefilter", "blob:none"],
+        ):
+            run_git(["config", *setting], repository)
+        fetched = try_git(
+            [
+                "fetch",
+                "--quiet",
+                "--filter=blob:none",
+                "origin",
+                f"+{pull_ref}:{pull_ref}",
+            ],
+            repository,
+            timeout=GIT_FETCH_TIMEOUT_S,
+        )
+        if fetched.returncode != 0:
+            raise SourceMismatch(
+                f"{where} could not be fetched ({last_line(fetched.stderr)}). Check "
+                "the pull request number."
+            )
+        has_base = (
+            try_git(
+                ["cat-file", "-e", f"{base_commit}^{{commit}}"], repository
+            ).returncode
+            == 0
+        )
+        if not has_base:
+            try_git(
+                ["fetch", "--quiet", "--filter=blob:none", "--", "origin", base_commit],
+                repository,
+                timeout=GIT_FETCH_TIMEOUT_S,
+            )
+        head = run_git(["rev-parse", pull_ref], repository).stdout.strip()
+        merge_base = try_git(["merge-base", base_commit, head], repository)
+        if merge_base.returncode != 0:
+            raise SourceMismatch(
+                f"{where}: no merge base with commit {base_commit}. Is that commit "
+                "in the same repository?"
+            )
+        merge_base_commit = merge_base.stdout.strip()
+        diff = run_git(
+            [
+                "diff",
+                "--no-ext-diff",
+                "--no-color",
+                "--binary",
+                "--src-prefix=a/",
+                "--dst-prefix=b/",
+                merge_base_commit,
+                head,
+                "--",
+                "python",
+            ],
+            repository,
+            timeout=GIT_FETCH_TIMEOUT_S,
+        )
+    return PullRequestDiff(
+        url=git_url,
+        number=number,
+        head_commit=head,
+        merge_base=merge_base_commit,
+        text=diff.stdout,
+    )

@@ -1,0 +1,127 @@
+"""Fetching a pinned SGLang release from PyPI: the wheel pip picks for this Python.
+
+A wheel cached in the download folder is tried first, without the network, and a
+freshly downloaded one is kept there.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from serving_study.sources.files import file_sha256
+from serving_study.sources.package_extraction import extract_package_sources
+from serving_study.sources.source_errors import (
+    SourceMismatch,
+    SourceUnavailable,
+    last_line,
+)
+
+# Seconds before a download counts as unreachable rather than slow.
+PIP_DOWNLOAD_TIMEOUT_S = 1800
+
+
+def fetch_pypi_source(record: dict, staging: Path, download_dir: Path | None) -> dict:
+    """Lay out the package of the pinned wheel in ``staging``, keeping the wheel."""
+    pin = record["pypi"]
+    package, version = pin["package"], pin["version"]
+    archive_dir = staging / "archive"
+    archive_dir.mkdir()
+    wheel = _download_wheel(record["name"], package, version, archive_dir, download_dir)
+    digest = file_sha256(wheel)
+    expected = pin.get("sha256")
+    if expected and digest != expected.lower():
+        raise SourceMismatch(
+            f"source {record['name']!r}: {wheel.name} has sha256 {digest}, but the "
+            f"config pins {expected}. A sha256 pins one wheel file, and wheels differ "
+            "per Python version and platform: pin the sha256 of the wheel for this "
+            f"Python ({sys.version.split()[0]}), or drop the pin."
+        )
+    if download_dir is not None:
+        _keep_in_cache(wheel, Path(download_dir))
+    extract_package_sources(wheel, staging / "python")
+    return {
+        "kind": "pypi",
+        "package": package,
+        "version": version,
+        "file": wheel.name,
+        "sha256": digest,
+    }
+
+
+def _download_wheel(
+    name: str,
+    package: str,
+    version: str,
+    into: Path,
+    download_dir: Path | None,
+) -> Path:
+    """Download the wheel of ``package==version`` that suits this Python into ``into``.
+
+    A wheel cached in ``download_dir`` is tried first, without the network.
+    """
+    requirement = f"{package}=={version}"
+    sources = []
+    if download_dir is not None and Path(download_dir).is_dir():
+        sources.append(["--no-index", "--find-links", str(download_dir)])
+    sources.append([])
+    failures = []
+    for index_options in sources:
+        for leftover in into.iterdir():
+            leftover.unlink()
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "--no-input",
+            "--retries=2",
+            "--timeout=30",
+            *index_options,
+            "--dest",
+            str(into),
+            "--",
+            requirement,
+        ]
+        try:
+            result = subprocess.run(
+                command, capture_output=True, text=True, timeout=PIP_DOWNLOAD_TIMEOUT_S
+            )
+        except subprocess.TimeoutExpired:
+            failures.append(f"pip download timed out after {PIP_DOWNLOAD_TIMEOUT_S} s")
+            continue
+        wheels = sorted(into.glob("*.whl"))
+        if result.returncode == 0 and len(wheels) == 1:
+            return wheels[0]
+        failures.append(_pip_failure(result.stderr or result.stdout))
+    raise SourceUnavailable(
+        f"source {name!r}: could not download {requirement} from PyPI "
+        f"({failures[-1]}). If this machine is offline, download the wheel elsewhere "
+        "and point the config at it with 'path: /the/wheel.whl' instead of 'pypi:'."
+    )
+
+
+def _pip_failure(output: str) -> str:
+    """pip's last error, saying so when the index could not be reached at all."""
+    unreachable = any(
+        sign in output
+        for sign in ("NewConnectionError", "Failed to establish", "Could not fetch URL")
+    )
+    prefix = "the package index could not be reached; " if unreachable else ""
+    return prefix + last_line(output)
+
+
+def _keep_in_cache(wheel: Path, download_dir: Path) -> None:
+    download_dir.mkdir(parents=True, exist_ok=True)
+    cached = download_dir / wheel.name
+    if cached.is_file() and file_sha256(cached) == file_sha256(wheel):
+        return
+    partial = download_dir / f".{wheel.name}.partial-{os.getpid()}"
+    shutil.copyfile(wheel, partial)
+    os.replace(partial, cached)
