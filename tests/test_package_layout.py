@@ -63,9 +63,11 @@ def test_every_subpackage_says_what_it_owns():
         assert docstring and len(docstring) > 20, directory
 
 
-@pytest.mark.parametrize(
-    "module", MODULES, ids=lambda p: p.relative_to(PACKAGE).as_posix()
-)
+def module_name(path: Path) -> str:
+    return path.relative_to(PACKAGE).as_posix()
+
+
+@pytest.mark.parametrize("module", MODULES, ids=module_name)
 def test_imports_run_one_way(module):
     mine = LAYERS[concern(module)]
     upward = sorted(c for c in imported_concerns(module) if LAYERS.get(c, -1) > mine)
