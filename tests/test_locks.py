@@ -1,0 +1,69 @@
+"""The hashed locks install exactly what the requirements pin, and nothing unhashed."""
+
+import re
+from pathlib import Path
+
+import pytest
+from packaging.utils import canonicalize_name
+from packaging.version import Version
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCKED = re.compile(
+    r"^([A-Za-z0-9_.\-]+)==(\S+) \\\n\s+--hash=sha256:([0-9a-f]{64})$", re.M
+)
+
+
+def pins(requirements: Path) -> dict[str, str]:
+    """name -> version of every ``name==version`` line, following ``-r`` includes."""
+    found = {}
+    for line in requirements.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line.startswith("-r "):
+            found |= pins(requirements.parent / line[3:].strip())
+        elif "==" in line:
+            name, version = line.split("==")
+            found[canonicalize_name(name.split("[")[0])] = version.strip()
+    return found
+
+
+def locked(lock: Path) -> dict[str, tuple[str, str]]:
+    """name -> (version, sha256) of every entry, after checking each has a hash."""
+    text = "\n".join(
+        line for line in lock.read_text().splitlines() if not line.startswith("#")
+    )
+    entries = LOCKED.findall(text)
+    assert len(entries) == text.count("=="), f"{lock.name}: an entry without a hash"
+    return {
+        canonicalize_name(name): (version, digest) for name, version, digest in entries
+    }
+
+
+@pytest.mark.parametrize(
+    ("requirements", "lock"),
+    [
+        ("requirements.txt", "envs/workflow.lock"),
+        ("requirements-test.txt", "envs/test.lock"),
+    ],
+)
+def test_every_pin_is_locked_at_its_version(requirements, lock):
+    entries = locked(ROOT / lock)
+    for name, version in pins(ROOT / requirements).items():
+        assert name in entries, f"{requirements} pins {name}, {lock} lacks it"
+        locked_version = Version(entries[name][0]).public
+        assert locked_version == version, (
+            f"{name}: {requirements} {version}, {lock} {locked_version}"
+        )
+
+
+def test_the_test_lock_holds_the_workflow_lock_unchanged():
+    workflow, test = (
+        locked(ROOT / "envs/workflow.lock"),
+        locked(ROOT / "envs/test.lock"),
+    )
+    assert {name: test.get(name) for name in workflow} == workflow
+
+
+def test_the_quick_start_installs_from_the_locks_with_hashes_required():
+    readme = (ROOT / "README.md").read_text()
+    for lock in ("envs/workflow.lock", "envs/test.lock"):
+        assert f"pip install --require-hashes -r {lock}" in readme
