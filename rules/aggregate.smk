@@ -96,7 +96,7 @@ rule aggregate:
     conda:
         "../envs/workflow.yaml"
     params:
-        config=config,
+        config=config_part(ANALYSIS_KEYS),
     script:
         "../scripts/aggregate.py"
 
@@ -173,6 +173,6 @@ rule report_html:
     conda:
         "../envs/workflow.yaml"
     params:
-        config=config,
+        config=report_config(),
     script:
         "../scripts/report_html.py"

@@ -12,6 +12,7 @@ rule run_arm:
         image=image_of_arm,
         model=model_of_engine,
         runtime=sglang_runtime_of_engine,
+        patch=patch_of_arm,
     output:
         metrics="results/{experiment}/{arm}/run{run}/metrics.json",
         requests="results/{experiment}/{arm}/run{run}/requests.jsonl",
@@ -25,10 +26,10 @@ rule run_arm:
         "../envs/workflow.yaml"
     threads: WHOLE_HOST
     params:
-        arm=lambda wildcards: ARMS[wildcards.arm],
-        engine=arm_engine_settings,
-        client=config["client"],
-        monitors=config["monitors"],
-        sharing=config["host_sharing"],
+        arm=arm_settings,
+        server=SERVER.as_config(),
+        client=CLIENT.as_config(),
+        monitors=MONITORS.as_config(),
+        sharing=HOST_SHARING.as_config(),
     script:
         "../scripts/run_arm.py"

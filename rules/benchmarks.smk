@@ -7,7 +7,7 @@
 
 # The arm and workload the benchmarks use: the config's first arm (in the default
 # config, arm A on the 512 px workload).
-BENCHMARK_ARM = config["arms"][0]
+BENCHMARK_ARM = next(iter(ARMS.values()))
 # The study's highest throughput (STUDY.md, P4: cuda_ipc at concurrency 16): the
 # rate the client must exceed many times over.
 STUDY_PEAK_RPS = 25.7
@@ -24,8 +24,8 @@ STUDY_JOB_OUTPUTS = [
 
 rule measure_harness:
     input:
-        workload=f"results/workloads/{BENCHMARK_ARM['workload']}/manifest.json",
-        arm_variant=f"results/variants/{BENCHMARK_ARM['variant']}.json",
+        workload=f"results/workloads/{BENCHMARK_ARM.workload}/manifest.json",
+        arm_variant=f"results/variants/{BENCHMARK_ARM.variant}.json",
         variants=variant_identity_files(),
     output:
         figures="results/benchmarks/harness.json",
@@ -49,16 +49,17 @@ rule measure_harness:
             # Rows of Qwen3-VL's pixel values for one image (16 px patches, 2 frames).
             "shm_rows_per_image_size": {"512": 1024, "1024": 4096, "2048": 16384},
             "shm_repeats": 15,
-            "arm": BENCHMARK_ARM,
-            "engine": engine_settings(),
-            "client": config["client"],
-            "monitors": config["monitors"],
             "snakemake_metadata": ".snakemake/metadata",
             "study_outputs": STUDY_JOB_OUTPUTS,
             "study_run_directories": [
                 run_directory(arm, run) for arm, run in arm_runs()
             ],
         },
+        arm=BENCHMARK_ARM.as_config(),
+        server=SERVER.as_config(),
+        client=CLIENT.as_config(),
+        monitors=MONITORS.as_config(),
+        sharing=HOST_SHARING.as_config(),
     script:
         "../scripts/harness_benchmarks.py"
 
@@ -98,10 +99,7 @@ rule real_server_benchmarks:
         "../envs/workflow.yaml"
     threads: WHOLE_HOST
     params:
-        arms=ARMS,
-        workload_manifests={
-            name: f"results/workloads/{name}/manifest.json" for name in WORKLOADS
-        },
+        arms=[arm.as_config() for arm in ARMS.values()],
         images=24,
     script:
         "../scripts/real_server_benchmarks.py"

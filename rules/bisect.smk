@@ -9,7 +9,7 @@ if config.get("bisect"):
 
     rule bisect_commits:
         input:
-            workload=f"results/workloads/{BISECT_ARM['workload']}/manifest.json",
+            workload=f"results/workloads/{BISECT_ARM.workload}/manifest.json",
             host="results/{experiment}/host.json",
         output:
             result=report(
@@ -26,11 +26,15 @@ if config.get("bisect"):
             "../envs/workflow.yaml"
         threads: WHOLE_HOST
         params:
-            bisect=config["bisect"],
-            arm=BISECT_ARM,
-            engine=engine_settings(),
-            client=config["client"],
-            monitors=config["monitors"],
+            repository=config["bisect"]["repository"],
+            good=config["bisect"]["good"],
+            bad=config["bisect"]["bad"],
+            runs=config["bisect"]["runs"],
+            arm=BISECT_ARM.as_config(),
+            server=SERVER.as_config(),
+            client=CLIENT.as_config(),
+            monitors=MONITORS.as_config(),
+            sharing=HOST_SHARING.as_config(),
             criterion=config["change_criterion"],
             sources_dir="resources/commits",
         script:

@@ -13,14 +13,20 @@ rule launch_commands:
     conda:
         "../envs/workflow.yaml"
     params:
-        engine=config["engine"],
-        runtime=config["runtime"],
-        arm=lambda wildcards: ARMS[wildcards.arm],
-        sglang=config["sglang"],
-        device=SGLANG_PLATFORM.device if SGLANG_PLATFORM else None,
+        engine=SERVER.engine,
+        runtime=SERVER.runtime,
+        device=SERVER.device,
+        arm=arm_settings,
+        # What a server reads of the sglang section, its port, and the model.
+        sglang={
+            **(SERVER.sglang or {}),
+            "port": config["sglang"]["port"],
+            **model_source(),
+        },
         model_download_directory=model_download_directory(),
         tiny_model_directory=tiny_model_directory(),
-        quota_during_startup=config["client"]["quota_during_startup"],
+        tiny_model_dtype=TINY_MODEL.dtype if TINY_MODEL else None,
+        quota_during_startup=CLIENT.quota_during_startup,
     script:
         "../scripts/launch_commands.py"
 

@@ -1,6 +1,6 @@
-# Helpers shared by every stage: the checked config, lookups by name, wildcard
-# constraints, the seeded order of the arms, and the lists of files each stage needs.
-# No rules live here.
+# Helpers shared by every stage: the checked config and its records, lookups by name,
+# wildcard constraints, the seeded order of the arms, and the lists of files each
+# stage needs. No rules live here.
 import re
 import sys
 from pathlib import Path
@@ -9,13 +9,17 @@ PROJECT_ROOT = Path(workflow.basedir)
 sys.path.insert(0, str(PROJECT_ROOT / "src"))
 
 from serving_study.config.arm_order import priority
+from serving_study.config.records import (
+    Arm,
+    ClientSettings,
+    HostSharing,
+    MonitorSettings,
+    ServerSettings,
+    Workload,
+)
 from serving_study.config.validation import ConfigError, check_config
 from serving_study.servers.sglang_commands import model_directory_name
-from serving_study.config.platform import (
-    CPU_RUNTIME_LOCK,
-    platform_for,
-    resolve_device,
-)
+from serving_study.config.platform import CPU_RUNTIME_LOCK, platform_for
 from serving_study.sources.tiny_model_settings import TinyModelSettings
 
 try:
@@ -36,15 +40,21 @@ WHOLE_HOST = 4096
 EXPERIMENT = config["experiment"]
 SOURCES = {source["name"]: source for source in config["sources"]}
 VARIANTS = {variant["name"]: variant for variant in config["variants"]}
-WORKLOADS = {workload["name"]: workload for workload in config["workloads"]}
-ARMS = {arm["name"]: arm for arm in config["arms"]}
-# Where a real SGLang server runs (decided once: sglang_platform.py lists what
-# follows from it), and the model it loads, as a file name under resources/.
-SGLANG_PLATFORM = (
-    platform_for(resolve_device(config["sglang"]["device"]))
-    if config["engine"] == "sglang"
-    else None
-)
+# The checked config as records (config/records.py). A rule passes a job a record's
+# as_config(), which holds only what the job uses: Snakemake reruns a job whose
+# params changed, and a key the job does not read must never rerun it.
+WORKLOADS = {
+    workload["name"]: Workload.from_config(workload) for workload in config["workloads"]
+}
+ARMS = {arm["name"]: Arm.from_config(arm) for arm in config["arms"]}
+RUNS = {arm["name"]: arm["runs"] for arm in config["arms"]}
+SERVER = ServerSettings.from_config(config)
+CLIENT = ClientSettings.from_config(config["client"])
+MONITORS = MonitorSettings.from_config(config["monitors"])
+HOST_SHARING = HostSharing.from_config(config["host_sharing"])
+# Where a real SGLang server runs (decided once, in SERVER: sglang_platform.py lists
+# what follows from it), and the model it loads, as a file name under resources/.
+SGLANG_PLATFORM = platform_for(SERVER.device) if SERVER.device else None
 TINY_MODEL = (
     TinyModelSettings.from_config(config["sglang"]["tiny_model"])
     if "tiny_model" in config["sglang"]
@@ -74,9 +84,7 @@ wildcard_constraints:
 
 def arm_runs():
     """Every (arm, run) of the experiment, runs numbered from 1."""
-    return [
-        (name, run) for name, arm in ARMS.items() for run in range(1, arm["runs"] + 1)
-    ]
+    return [(name, run) for name, runs in RUNS.items() for run in range(1, runs + 1)]
 
 
 def run_directory(arm, run):
@@ -97,8 +105,7 @@ PREPARATION_PRIORITY = 1_000_000
 
 def arm_run_priority(wildcards):
     """Run blocks in order, each block's arms shuffled by the seed (arm_order.py)."""
-    arm_runs = {name: arm["runs"] for name, arm in ARMS.items()}
-    return priority(arm_runs, config["seed"], wildcards.arm, int(wildcards.run))
+    return priority(RUNS, config["seed"], wildcards.arm, int(wildcards.run))
 
 
 def source_of_variant(wildcards):
@@ -106,29 +113,66 @@ def source_of_variant(wildcards):
     return f"resources/sources/{source}/identity.json"
 
 
-def patch_of_variant(wildcards):
-    patch = VARIANTS[wildcards.variant].get("patch")
+def patch_file(variant):
+    """The variant's patch file, as a list (empty without a patch)."""
+    patch = VARIANTS[variant].get("patch")
     return [str(PROJECT_ROOT / patch)] if patch else []
 
 
+def patch_of_variant(wildcards):
+    return patch_file(wildcards.variant)
+
+
+def patch_of_arm(wildcards):
+    """The patch of the arm's variant when a real SGLang server runs it: the runner
+    reads which modules it changes, to check the server loaded them."""
+    return patch_file(ARMS[wildcards.arm].variant) if SERVER.engine == "sglang" else []
+
+
+def variant_record(wildcards):
+    """The variant's config record, less its free-text description."""
+    variant = VARIANTS[wildcards.variant]
+    return {key: value for key, value in variant.items() if key != "description"}
+
+
 def variant_of_arm(wildcards):
-    return f"results/variants/{ARMS[wildcards.arm]['variant']}.json"
+    return f"results/variants/{ARMS[wildcards.arm].variant}.json"
 
 
 def workload_of_arm(wildcards):
-    return f"results/workloads/{ARMS[wildcards.arm]['workload']}/manifest.json"
+    return f"results/workloads/{ARMS[wildcards.arm].workload}/manifest.json"
 
 
-def engine_settings():
-    """What the arm runner needs to start a server of the configured engine."""
-    return {
-        "engine": config["engine"],
-        "runtime": config["runtime"],
-        "embedded": config["embedded_engine"],
-        "sglang": config["sglang"],
-        "sglang_device": SGLANG_PLATFORM.device if SGLANG_PLATFORM else None,
-        "container": config["container"],
-    }
+def arm_settings(wildcards):
+    """The arm's settings as plain config values (Arm.as_config)."""
+    return ARMS[wildcards.arm].as_config()
+
+
+# What the tables read of the config (analysis/), and what the report reads besides:
+# its title and, for real SGLang, where the server ran (report/).
+ANALYSIS_KEYS = (
+    "arms",
+    "variants",
+    "sources",
+    "reference",
+    "claims",
+    "fixes",
+    "release_series",
+    "change_criterion",
+)
+REPORT_KEYS = (*ANALYSIS_KEYS, "experiment", "description", "engine")
+
+
+def config_part(keys):
+    return {key: config[key] for key in keys if key in config}
+
+
+def report_config():
+    """What the report reads of the config (REPORT_KEYS, sglang's device)."""
+    part = config_part(REPORT_KEYS)
+    if SERVER.engine == "sglang":
+        part["sglang"] = {"device": config["sglang"]["device"]}
+    return part
 
 
 def variant_identity_files():
@@ -198,6 +242,13 @@ def model_download_directory():
     return f"resources/models/{MODEL}/snapshot"
 
 
+def model_source():
+    """What the sglang section says of where the model comes from."""
+    sglang = config["sglang"]
+    keys = ("model", "model_revision", "model_path")
+    return {key: sglang[key] for key in keys if key in sglang}
+
+
 # --- Container images (runtime docker or podman) -----------------------------------
 
 CONTAINER_RUNTIMES = ("docker", "podman")
@@ -217,12 +268,7 @@ def image_of_arm(wildcards):
     """The image id file of the arm's variant when arms run in containers."""
     if not in_containers():
         return []
-    return f"results/images/{ARMS[wildcards.arm]['variant']}.iid"
-
-
-def arm_engine_settings(wildcards):
-    """engine_settings(), plus the arm's image id file when it runs in a container."""
-    return engine_settings() | {"image_id_file": image_of_arm(wildcards) or None}
+    return f"results/images/{ARMS[wildcards.arm].variant}.iid"
 
 
 def package_files_of_engine():

@@ -29,9 +29,17 @@ IMAGE_PYTHON_PATH_FILES = sorted(
     for path in Path(directory).rglob("*")
     if path.is_file() and "__pycache__" not in path.parts
 )
-# The config section the Dockerfile's build arguments come from: container (the
-# Debian base of the embedded and sglang-cpu images) or sglang (base_image).
-IMAGE_SETTINGS = config["sglang"] if IMAGE_KIND == "sglang" else config["container"]
+# What the Dockerfile's build arguments read of the config: sglang's base_image (the
+# official SGLang image), or the container section's Debian base and its Python
+# (the embedded and sglang-cpu images).
+IMAGE_SETTINGS = (
+    {"base_image": config["sglang"].get("base_image")}
+    if IMAGE_KIND == "sglang"
+    else {
+        key: config["container"][key]
+        for key in ("embedded_base_image", "embedded_python_version")
+    }
+)
 
 
 rule wheelhouse:

@@ -14,7 +14,7 @@ rule model:
     conda:
         "../envs/workflow.yaml"
     params:
-        sglang=config["sglang"],
+        sglang=model_source(),
         download_directory=lambda wildcards, output: Path(output.snapshot).with_name(
             "snapshot"
         ),

@@ -18,10 +18,13 @@ rule preflight:
     conda:
         "../envs/workflow.yaml"
     params:
-        engine=engine_settings(),
-        arms=config["arms"],
-        workloads=config["workloads"],
-        monitors=config["monitors"],
-        sharing=config["host_sharing"],
+        engine={
+            "engine": SERVER.engine,
+            "runtime": SERVER.runtime,
+            "sglang_device": SERVER.device,
+        },
+        arms=[arm.as_config() for arm in ARMS.values()],
+        workloads=[workload.as_config() for workload in WORKLOADS.values()],
+        sharing=HOST_SHARING.as_config(),
     script:
         "../scripts/preflight.py"

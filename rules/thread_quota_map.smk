@@ -4,6 +4,20 @@
 
 if config.get("thread_quota_map"):
     MAP = config["thread_quota_map"]
+    # What one row reads of the map's settings (the variants and thread counts
+    # are its wildcards).
+    MAP_ROW = {
+        key: MAP[key]
+        for key in (
+            "workload",
+            "transport",
+            "cpu_quotas",
+            "concurrency",
+            "requests",
+            "warmup_requests",
+            "output_tokens",
+        )
+    }
 
     rule map_row:
         input:
@@ -21,10 +35,10 @@ if config.get("thread_quota_map"):
             "../envs/workflow.yaml"
         threads: WHOLE_HOST
         params:
-            settings=MAP,
-            engine=engine_settings(),
-            client=config["client"],
-            monitors=config["monitors"],
+            settings=MAP_ROW,
+            server=SERVER.as_config(),
+            client=CLIENT.as_config(),
+            monitors=MONITORS.as_config(),
         script:
             "../scripts/map_row.py"
 

@@ -36,7 +36,7 @@ rule prepare_variant:
     conda:
         "../envs/workflow.yaml"
     params:
-        record=lambda wildcards: VARIANTS[wildcards.variant],
+        record=variant_record,
         # A real server imports the whole tree at each start (variants.py).
         compile_bytecode=config["engine"] == "sglang",
     script:

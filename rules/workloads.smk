@@ -13,6 +13,6 @@ rule make_workload:
     conda:
         "../envs/workflow.yaml"
     params:
-        spec=lambda wildcards: WORKLOADS[wildcards.workload],
+        spec=lambda wildcards: WORKLOADS[wildcards.workload].as_config(),
     script:
         "../scripts/make_workload.py"

@@ -6,6 +6,13 @@ import sys
 from pathlib import Path
 
 from serving_study.analysis.release_change import ChangeCriterion
+from serving_study.config.records import (
+    Arm,
+    ClientSettings,
+    HostSharing,
+    MonitorSettings,
+    ServerSettings,
+)
 from serving_study.studies.commit_bisect import ProbeSettings, run_commit_bisect
 
 sys.stderr = open(snakemake.log[0], "w")
@@ -15,21 +22,22 @@ logging.basicConfig(
     format="%(asctime)s %(levelname)s %(message)s",
 )
 
-bisect = dict(snakemake.params.bisect)
+params = snakemake.params
 result = run_commit_bisect(
-    bisect["good"],
-    bisect["bad"],
+    params.good,
+    params.bad,
     ProbeSettings(
         experiment=snakemake.wildcards.experiment,
-        repository=bisect["repository"],
-        arm=dict(snakemake.params.arm),
-        runs=int(bisect["runs"]),
+        repository=params.repository,
+        arm=Arm.from_config(params.arm),
+        runs=int(params.runs),
         workload_manifest=Path(snakemake.input.workload),
-        engine=dict(snakemake.params.engine),
-        client=dict(snakemake.params.client),
-        monitors=dict(snakemake.params.monitors),
-        criterion=ChangeCriterion.from_config(dict(snakemake.params.criterion)),
-        sources_dir=Path(snakemake.params.sources_dir),
+        server_settings=ServerSettings.from_config(params.server),
+        client=ClientSettings.from_config(params.client),
+        monitors=MonitorSettings.from_config(params.monitors),
+        sharing=HostSharing.from_config(params.sharing),
+        criterion=ChangeCriterion.from_config(dict(params.criterion)),
+        sources_dir=Path(params.sources_dir),
         probes_dir=Path(snakemake.output.probes),
     ),
 )

@@ -5,6 +5,12 @@ import logging
 import sys
 from pathlib import Path
 
+from serving_study.config.records import (
+    ClientSettings,
+    MonitorSettings,
+    ServerSettings,
+    Variant,
+)
 from serving_study.studies.thread_quota_map import run_map_row
 
 sys.stderr = open(snakemake.log[0], "w")
@@ -17,13 +23,14 @@ logging.basicConfig(
 cells = run_map_row(
     experiment=snakemake.wildcards.experiment,
     settings=dict(snakemake.params.settings),
-    variant_name=snakemake.wildcards.variant,
     threads=int(snakemake.wildcards.threads),
-    variant=json.loads(Path(snakemake.input.variant).read_text()),
+    variant=Variant.from_identity(
+        json.loads(Path(snakemake.input.variant).read_text())
+    ),
     workload_manifest=Path(snakemake.input.workload),
-    engine=dict(snakemake.params.engine),
-    client=dict(snakemake.params.client),
-    monitors=dict(snakemake.params.monitors),
+    server_settings=ServerSettings.from_config(snakemake.params.server),
+    client=ClientSettings.from_config(snakemake.params.client),
+    monitors=MonitorSettings.from_config(snakemake.params.monitors),
     cells_dir=Path(snakemake.output.cells),
 )
 Path(snakemake.output.row).write_text(json.dumps(cells, indent=2, default=str) + "\n")

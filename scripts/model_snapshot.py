@@ -6,6 +6,7 @@ from pathlib import Path
 
 from serving_study.sources.files import write_json
 from serving_study.sources.model_snapshot import ModelUnavailable, ensure_model_snapshot
+from serving_study.sources.recorded_files import RecordedFileChanged
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
@@ -15,7 +16,7 @@ try:
     snapshot = ensure_model_snapshot(
         dict(snakemake.params.sglang), Path(snakemake.params.download_directory)
     )
-except ModelUnavailable as error:
+except (ModelUnavailable, RecordedFileChanged) as error:
     log.error("%s", error)
     raise SystemExit(f"model: {error}") from None
 write_json(Path(snakemake.output.snapshot), snapshot)

@@ -6,7 +6,8 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.measure.host_sharing import HostSharing, MeasurementLock
+from serving_study.config.records import HostSharing
+from serving_study.measure.host_sharing import MeasurementLock
 from serving_study.servers.host import container_runtimes, describe_host, unmet_needs
 from serving_study.servers.leftovers import reap_leftovers
 

@@ -12,6 +12,7 @@ from serving_study.analysis.real_server_figures import (
     split_of_main_cpu,
 )
 from serving_study.config.platform import CPU_PLATFORM, python_path
+from serving_study.config.records import Arm
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
@@ -23,13 +24,16 @@ variants = {
     json.loads(Path(path).read_text())["name"]: json.loads(Path(path).read_text())
     for path in snakemake.input.variants
 }
+# Each workload's manifest, by the workload's name (its directory).
+manifests = {Path(path).parent.name: Path(path) for path in snakemake.input.workloads}
 rows = []
-for name, arm in snakemake.params.arms.items():
+for arm in map(Arm.from_config, snakemake.params.arms):
+    name = arm.name
     runs = [
         Path(path).parent for path in snakemake.input.metrics if f"/{name}/run" in path
     ]
     figures = arm_run_figures(runs)
-    manifest_path = Path(snakemake.params.workload_manifests[arm["workload"]])
+    manifest_path = manifests[arm.workload]
     manifest = json.loads(manifest_path.read_text())
     images = [
         manifest_path.parent / image["file"]
@@ -41,9 +45,9 @@ for name, arm in snakemake.params.arms.items():
     steps = measure_main_process_steps(
         runtime_python=runtime["python"],
         python_path=python_path(
-            CPU_PLATFORM, variants[arm["variant"]]["sglang_python_root"]
+            CPU_PLATFORM, variants[arm.variant]["sglang_python_root"]
         ),
-        arm_environment=dict(arm.get("environment", {})),
+        arm_environment=dict(arm.environment),
         model_directory=Path(snapshot["path"]),
         images=images,
     )

@@ -5,11 +5,17 @@ import logging
 import sys
 from pathlib import Path
 
+from serving_study.config.records import (
+    Arm,
+    ClientSettings,
+    HostSharing,
+    MonitorSettings,
+    ServerSettings,
+    Variant,
+)
 from serving_study.measure.arm_runner import run_arm
-from serving_study.measure.host_sharing import HostSharing
 from serving_study.measure.run_outputs import RunPaths
 from serving_study.measure.run_provenance import run_provenance
-from serving_study.servers.sglang_commands import model_flags
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(
@@ -18,35 +24,34 @@ logging.basicConfig(
     format="%(asctime)s %(levelname)s %(message)s",
 )
 
-engine = dict(snakemake.params.engine)
-if snakemake.input.model:
-    # Where the model rule checked (or downloaded, or wrote) the snapshot here.
-    snapshot = json.loads(Path(snakemake.input.model[0]).read_text())
-    engine["model_host_path"] = snapshot["path"]
-    engine["model_flags"] = model_flags(
-        snapshot.get("load_format"), snapshot.get("settings", {}).get("dtype")
-    )
-if snakemake.input.runtime:
-    # The SGLang server runtime the workflow built for this host's CPU.
-    runtime = json.loads(Path(snakemake.input.runtime[0]).read_text())
-    engine["runtime_python"] = runtime["python"]
 
-variant = json.loads(Path(snakemake.input.variant).read_text())
-traced_to = run_provenance(
-    snakemake.config, json.loads(Path(snakemake.input.host).read_text()), variant
-)
+def read_json(path: str) -> dict:
+    return json.loads(Path(path).read_text())
 
+
+inputs = snakemake.input
+identity = read_json(inputs.variant)
 run_arm(
     experiment=snakemake.wildcards.experiment,
-    arm=dict(snakemake.params.arm),
+    arm=Arm.from_config(snakemake.params.arm),
     run=int(snakemake.wildcards.run),
-    variant=variant,
-    workload_manifest=Path(snakemake.input.workload),
-    engine=engine,
-    client=dict(snakemake.params.client),
-    monitors=dict(snakemake.params.monitors),
-    sharing=HostSharing.from_config(dict(snakemake.params.sharing)),
-    traced_to=traced_to,
+    variant=Variant.from_identity(identity),
+    workload_manifest=Path(inputs.workload),
+    server_settings=ServerSettings.from_config(
+        snakemake.params.server,
+        # The variant's image, the model snapshot the model rule checked (or
+        # downloaded, or wrote) and the SGLang runtime built for this host's CPU,
+        # each when the arm needs one.
+        image_id_file=inputs.image or None,
+        model_snapshot=read_json(inputs.model[0]) if inputs.model else None,
+        runtime_python=read_json(inputs.runtime[0])["python"]
+        if inputs.runtime
+        else None,
+    ),
+    client=ClientSettings.from_config(snakemake.params.client),
+    monitors=MonitorSettings.from_config(snakemake.params.monitors),
+    sharing=HostSharing.from_config(snakemake.params.sharing),
+    traced_to=run_provenance(snakemake.config, read_json(inputs.host), identity),
     paths=RunPaths(
         metrics=Path(snakemake.output.metrics),
         requests=Path(snakemake.output.requests),

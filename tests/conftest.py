@@ -5,11 +5,11 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 from study_helpers import docker
 
 from serving_study.config.platform import CPU_RUNTIME_LOCK
 from serving_study.sources.fetch import fetch_source
-from serving_study.sources.files import tree_sha256
 from serving_study.sources.images import engine_answers
 from serving_study.sources.sglang_runtime import ensure_sglang_runtime
 
@@ -17,20 +17,50 @@ ROOT = Path(__file__).resolve().parents[1]
 # The Debian base every locally built image starts from (.ci/container-engine.sh).
 BASE_IMAGE = "localhost/bookworm-minbase:latest"
 
+# The release as the shipped config pins it: by the sha256 of each of its wheels.
 SGLANG_0_5_23 = {
-    "name": "sglang-0.5.23",
-    "pypi": {"package": "sglang", "version": "0.5.23"},
+    source["name"]: source
+    for source in yaml.safe_load((ROOT / "config/config.yaml").read_text())["sources"]
+}["sglang-0.5.23"]
+
+
+# Fixtures that download from a package index the first time (then kept in pytest's
+# cache), and whole-workflow tests, whose fetch_source rule downloads the release.
+DOWNLOADING_FIXTURES = {
+    "sglang_0_5_23",
+    "transport_sources_0_5_23",
+    "sglang_cpu_runtime",
+    "sglang_parser_python",
 }
+# Modules whose tests run this workflow's fetch_source rule, which downloads.
+WORKFLOW_MODULES = {
+    "test_workflow_run",
+    "test_workflow_sglang_cpu",
+    "test_workflow_interrupt",
+    "test_workflow_faults",
+    "test_workflow_killed_runner",
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test says what it needs: ``network`` when it downloads (directly or
+    through a fixture), ``sglang_runtime`` when it runs the real server's runtime."""
+    for item in items:
+        needed = set(getattr(item, "fixturenames", ()))
+        module = item.module.__name__ if item.module else ""
+        if needed & DOWNLOADING_FIXTURES or module in WORKFLOW_MODULES:
+            item.add_marker(pytest.mark.network)
+        if "sglang_cpu_runtime" in needed:
+            item.add_marker(pytest.mark.sglang_runtime)
 
 
 @pytest.fixture(scope="session")
 def sglang_0_5_23(pytestconfig) -> tuple[Path, dict]:
-    """The real sglang 0.5.23 source tree and its identity (kept between runs)."""
+    """The real sglang 0.5.23 source tree and its identity (kept between runs, and
+    checked file by file each time it is reused)."""
     tree = pytestconfig.cache.mkdir("sglang-sources") / "sglang-0.5.23"
     wheels = pytestconfig.cache.mkdir("sglang-wheels")
-    identity = fetch_source(SGLANG_0_5_23, tree, download_dir=wheels)
-    assert tree_sha256(tree / "python") == identity["tree_sha256"], "cache altered"
-    return tree, identity
+    return tree, fetch_source(SGLANG_0_5_23, tree, download_dir=wheels)
 
 
 @pytest.fixture(scope="session")

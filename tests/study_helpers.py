@@ -1,10 +1,20 @@
-"""Helpers the whole-workflow and arm tests share."""
+"""Helpers the whole-workflow and arm tests share: Snakemake on a test config, and
+what a study may leave on the host (segments, cgroups, processes, containers)."""
 
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import pandas as pd
 import psutil
+import pytest
+import yaml
+
+from serving_study.servers.cgroups import project_group_directories
+from serving_study.servers.container_commands import container_name
+from serving_study.servers.leftovers import alive, owner_of
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIG = ROOT / "config" / "test" / "config.yaml"
@@ -31,6 +41,72 @@ def snakemake_command(
     ]
 
 
+def fault_study_config(
+    base: Path, experiment: str, directory: Path
+) -> tuple[Path, Path]:
+    """``base`` (a test config) as a study of its own: named ``experiment``, so
+    that what it leaves can be told from another study's; its arms serving for
+    several seconds, a window wide enough to break into on a busy host; and its
+    runs not judged by the host's other load, which is other tests' here. Config
+    files for ``snakemake_command``, merged in order (a list is replaced)."""
+    arms = yaml.safe_load(base.read_text())["arms"]
+    changes = {
+        "experiment": experiment,
+        "embedded_engine": {"decode_step_ms": 20},
+        "arms": [arm | {"requests": 40, "output_tokens": 32} for arm in arms],
+        "host_sharing": {"max_other_load_cores": 4096},
+    }
+    override = directory / f"{experiment}.yaml"
+    override.write_text(yaml.safe_dump(changes))
+    return base, override
+
+
+def wait_for(find, snakemake: subprocess.Popen, timeout_s: float = 900):
+    """What ``find`` returns once it returns something (Snakemake still running)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        assert snakemake.poll() is None, "snakemake ended before any arm served"
+        found = find()
+        if found:
+            return found
+        time.sleep(0.1)
+    pytest.fail("no arm's server served in time")
+
+
+def serving_scheduler(ancestor: int) -> psutil.Process | None:
+    """An arm's ``sglang::scheduler`` among the descendants of process
+    ``ancestor`` (Snakemake, or the test that runs an arm): local runs only."""
+    for process in psutil.Process(ancestor).children(recursive=True):
+        try:
+            if process.cmdline()[:1] == ["sglang::scheduler"]:
+                return process
+        except psutil.NoSuchProcess:
+            continue
+    return None
+
+
+def job_log(workdir: Path, run: Path) -> Path:
+    """The log of the Snakemake job that measures ``run``, a directory
+    results/<experiment>/<arm>/run<k> (see rules/arms.smk)."""
+    arm, experiment = run.parent.name, run.parent.parent.name
+    logs = workdir / "results" / "logs" / "run_arm" / experiment
+    return logs / arm / f"{run.name}.log"
+
+
+def serving_run(workdir: Path, experiment: str) -> Path | None:
+    """The run whose server serves its measured requests: its job log says they
+    began, and its metrics are not written yet (one arm runs at a time)."""
+    for run in (workdir / "results" / experiment).glob("*/run*"):
+        log = job_log(workdir, run)
+        if (
+            log.exists()
+            and "measured requests at concurrency" in log.read_text()
+            and not (run / "metrics.json").exists()
+        ):
+            return run
+    return None
+
+
 def leaked_segments() -> list[Path]:
     """SGLang segments whose creating process is gone (live ones are others')."""
     return [
@@ -40,8 +116,115 @@ def leaked_segments() -> list[Path]:
     ]
 
 
+def gone(owner: int) -> bool:
+    return not alive(owner)
+
+
+def study_groups(experiment: str, owned_by=lambda owner: True) -> list[Path]:
+    """The experiment's cgroups whose owner (``leftovers.owned_name``) passes
+    ``owned_by``, looked for where the servers code makes them: below this
+    process's own cgroup and each CPU hierarchy's root, cgroup v1 or v2."""
+    return [
+        directory
+        for directory in project_group_directories()
+        if directory.name.startswith(f"{experiment}-")
+        and owner_of(directory.name) is not None
+        and owned_by(owner_of(directory.name))
+    ]
+
+
+def study_processes(workdir: Path) -> list[str]:
+    """Server processes whose command names the study's directory, with their
+    children (other work on the host is not ours to judge)."""
+    found = []
+    for process in psutil.process_iter(["cmdline"]):
+        command = " ".join(process.info["cmdline"] or [])
+        if "serving_study.engine" in command and str(workdir) in command:
+            found.append(f"process {process.pid}: {command[:120]}")
+            try:
+                found += [f"child {child.pid}" for child in process.children(True)]
+            except psutil.NoSuchProcess:
+                continue
+    return found
+
+
+def study_leftovers(workdir: Path, experiment: str) -> list[str]:
+    """What a stopped study left: segments whose creator is gone, any cgroup of
+    its experiment, and its server processes. The experiment's name must be the
+    study's own: another study of the same experiment could be running."""
+    return [
+        *(str(path) for path in leaked_segments()),
+        *(str(path) for path in study_groups(experiment)),
+        *study_processes(workdir),
+    ]
+
+
 def docker(*arguments: str, check: bool = True) -> subprocess.CompletedProcess:
     """The docker client (its DOCKER_HOST from the environment), output captured."""
     return subprocess.run(
         ["docker", *arguments], capture_output=True, text=True, check=check
     )
+
+
+def study_containers(experiment: str, owned_by=lambda owner: True) -> list[str]:
+    """The experiment's containers (named after their cgroup) whose owner passes."""
+    listed = docker("ps", "--all", "--format", "{{.Names}}", check=False)
+    return [
+        name
+        for name in listed.stdout.split()
+        if name.startswith(container_name(f"{experiment}-"))
+        and owner_of(name) is not None
+        and owned_by(owner_of(name))
+    ]
+
+
+def serving_container_owner(snakemake: subprocess.Popen, experiment: str) -> int | None:
+    """The runner (owner label) of a container of this Snakemake's study whose
+    server has started its scheduler. Only this Snakemake's: another study of the
+    same experiment may be running on the host."""
+    ours = {child.pid for child in psutil.Process(snakemake.pid).children(True)}
+    for name in study_containers(experiment):
+        state = docker(
+            "inspect",
+            "--format",
+            '{{.State.Pid}} {{index .Config.Labels "serving-study.owner"}}',
+            name,
+            check=False,
+        ).stdout.split()
+        if len(state) != 2 or state[0] == "0":
+            continue
+        try:
+            children = psutil.Process(int(state[0])).children()
+            titles = [child.cmdline()[:1] for child in children]
+        except psutil.Error:
+            continue
+        if ["sglang::scheduler"] in titles and int(state[1]) in ours:
+            return int(state[1])
+    return None
+
+
+def rerun_finishes_valid(
+    workdir: Path, config: Path | tuple[Path, ...], experiment: str
+) -> subprocess.CompletedProcess:
+    """``--rerun-incomplete`` finishes the study: every run valid and counted in
+    its arm's medians, none in the table of invalid runs."""
+    resumed = subprocess.run(
+        snakemake_command(
+            workdir, "--cores", "1", "all", "--rerun-incomplete", config=config
+        ),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
+    results = workdir / "results" / experiment
+    runs = list(results.glob("*/run*/metrics.json"))
+    assert runs
+    for metrics_path in runs:
+        metrics = json.loads(metrics_path.read_text())
+        assert metrics["valid"], (metrics_path, metrics["invalid_reasons"])
+    assert (results / "report.html").exists()
+    arms = pd.read_csv(results / "tables" / "arms.csv")
+    assert (arms["n_total"] > 0).all() and (arms["n_valid"] == arms["n_total"]).all()
+    assert pd.read_csv(results / "tables" / "invalid_runs.csv").empty
+    return resumed

@@ -7,6 +7,7 @@ all exist (so the study goes on and the report can list the failure), the run is
 not valid, and no process, cgroup or shared-memory segment of the run is left.
 """
 
+import dataclasses
 import json
 import os
 import shutil
@@ -21,8 +22,16 @@ import psutil
 import pytest
 from study_helpers import leaked_segments
 
+from serving_study.config.records import (
+    Arm,
+    ClientSettings,
+    MonitorSettings,
+    ServerSettings,
+    Variant,
+)
 from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.run_outputs import RunPaths
+from serving_study.servers.cgroups import project_group_directories
 from serving_study.sources.variants import prepare_variant
 from serving_study.workloads import generate_workload
 
@@ -30,39 +39,49 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the arms' CPU quota is a cgroup only root can create"
 )
 
-ENGINE = {
-    "engine": "embedded",
-    "runtime": "local",
-    "embedded": {
-        "served_model_name": "test-model",
-        "prefill_ms_per_image": 5,
-        "decode_step_ms": 20,
-        "max_running_requests": 64,
-        "scheduler_busy_fraction": 0,
-        "preprocess_device": "auto",
-    },
-    "sglang": {},
-}
-CLIENT = {
-    "warmup_requests": 2,
-    "health_timeout_s": 60,
-    "request_timeout_s": 60,
-    "max_dispatch_lag_ms": 100,
-    "quota_during_startup": False,
-}
-MONITORS = {"sample_hz": 10, "thread_sample_hz": 1, "gpu": "off"}
-ARM = {
-    "name": "faulty",
-    "variant": "original",
-    "workload": "tiny",
-    "transport": "cpu",
-    "cpu_quota": 1.0,
-    "environment": {},
-    "concurrency": 4,
-    "requests": 40,
-    "output_tokens": 16,
-    "runs": 1,
-}
+SERVER_SETTINGS = ServerSettings.from_config(
+    {
+        "engine": "embedded",
+        "runtime": "local",
+        "embedded_engine": {
+            "served_model_name": "test-model",
+            "prefill_ms_per_image": 5,
+            "decode_step_ms": 20,
+            "max_running_requests": 64,
+            "scheduler_busy_fraction": 0,
+            "preprocess_device": "auto",
+        },
+    }
+)
+CLIENT = ClientSettings.from_config(
+    {
+        "warmup_requests": 2,
+        "health_timeout_s": 60,
+        "request_timeout_s": 60,
+        "max_dispatch_lag_ms": 100,
+        "quota_during_startup": False,
+    }
+)
+MONITORS = MonitorSettings.from_config(
+    {"sample_hz": 10, "thread_sample_hz": 1, "gpu": "off"}
+)
+ARM = Arm.from_config(
+    {
+        "name": "faulty",
+        "variant": "original",
+        "workload": "tiny",
+        "transport": "cpu",
+        "cpu_quota": 1.0,
+        "environment": {},
+        "concurrency": 4,
+        "requests": 40,
+        "output_tokens": 16,
+    }
+)
+
+
+def arm_with(**changes) -> Arm:
+    return dataclasses.replace(ARM, **changes)
 
 
 @pytest.fixture(scope="module")
@@ -87,14 +106,14 @@ def run_paths(directory: Path) -> RunPaths:
     return RunPaths.in_directory(directory)
 
 
-def run(variant: dict, workload: Path, directory: Path, arm: dict = ARM) -> dict:
+def run(variant: dict, workload: Path, directory: Path, arm: Arm = ARM) -> dict:
     return run_arm(
         experiment="faults",
         arm=arm,
         run=1,
-        variant=variant,
+        variant=Variant.from_identity(variant),
         workload_manifest=workload,
-        engine=ENGINE,
+        server_settings=SERVER_SETTINGS,
         client=CLIENT,
         monitors=MONITORS,
         paths=run_paths(directory),
@@ -154,10 +173,7 @@ def assert_nothing_left(directory: Path) -> None:
     left = new_descendants()
     assert not left, [process.cmdline() for process in left]
     assert not leaked_segments()
-    for hierarchy in ("cpu", "cpuacct"):
-        parent = Path("/sys/fs/cgroup") / hierarchy / "serving-study"
-        if parent.exists():
-            assert not [p for p in parent.iterdir() if p.name.startswith("faults-")]
+    assert not [d for d in project_group_directories() if d.name.startswith("faults-")]
 
 
 def test_a_healthy_run_is_valid_and_leaves_nothing(variant, workload, tmp_path):
@@ -212,7 +228,7 @@ def test_secrets_in_the_arm_environment_reach_the_server_but_no_file(
     variant, workload, tmp_path
 ):
     secret = "hf_not_a_real_token_0123456789"
-    arm = ARM | {"requests": 8, "environment": {"HF_TOKEN": secret}}
+    arm = arm_with(requests=8, environment={"HF_TOKEN": secret})
     metrics = run(variant, workload, tmp_path, arm=arm)
     assert metrics["valid"], metrics["invalid_reasons"]
     for path in tmp_path.iterdir():
@@ -253,9 +269,13 @@ def test_a_server_answering_500s_and_cut_streams_gives_an_invalid_run(
     script.write_text(ERRORING_SERVER)
     monkeypatch.setattr(
         "serving_study.measure.server_start.server_argv",
-        lambda engine, variant, arm, port: [sys.executable, str(script), str(port)],
+        lambda server_settings, variant, arm, port: [
+            sys.executable,
+            str(script),
+            str(port),
+        ],
     )
-    metrics = run(variant, workload, tmp_path / "run", arm=ARM | {"requests": 10})
+    metrics = run(variant, workload, tmp_path / "run", arm=arm_with(requests=10))
     assert metrics["valid"] is False
     assert metrics["error_count"] == 10
     assert any("did not complete" in reason for reason in metrics["invalid_reasons"])
@@ -281,7 +301,7 @@ def test_a_port_taken_before_the_server_binds_it_is_retried(
         lambda: next(ports, None) or local_runtime.free_port(),
     )
     try:
-        metrics = run(variant, workload, tmp_path, arm=ARM | {"requests": 8})
+        metrics = run(variant, workload, tmp_path, arm=arm_with(requests=8))
     finally:
         squatter.close()
     assert metrics["valid"], metrics["invalid_reasons"]
@@ -292,9 +312,9 @@ RUN_IN_SMALL_SHM = """
 import json, sys
 from pathlib import Path
 sys.path.insert(0, sys.argv[2])
-from test_arm_runner import ARM, run
+from test_arm_runner import arm_with, run
 variant = json.loads(Path(sys.argv[1]).read_text())
-metrics = run(variant, Path(sys.argv[3]), Path(sys.argv[4]), arm=ARM | {"requests": 12})
+metrics = run(variant, Path(sys.argv[3]), Path(sys.argv[4]), arm=arm_with(requests=12))
 print(json.dumps(metrics))
 """
 
@@ -332,7 +352,7 @@ def test_an_unexpected_error_fails_only_that_run_and_tears_down(
         raise KeyError("transport")
 
     monkeypatch.setattr("serving_study.measure.arm_runner.server_identity", surprise)
-    metrics = run(variant, workload, tmp_path, arm=ARM | {"requests": 8})
+    metrics = run(variant, workload, tmp_path, arm=arm_with(requests=8))
     assert metrics["valid"] is False
     assert metrics["invalid_reasons"] == ["unexpected KeyError: 'transport'"]
     provenance = json.loads((tmp_path / "provenance.json").read_text())

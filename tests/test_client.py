@@ -23,6 +23,7 @@ from serving_study.measure.client import run_load
 from serving_study.measure.server_queries import ServerNeverHealthy, wait_until_healthy
 
 MODEL = "test-model"
+REQUEST_TIMEOUT_S = 60
 PROMPT = "describe the picture"
 
 
@@ -117,6 +118,7 @@ async def run_against(server: FakeServer, chat_requests, out_path, **settings):
             output_tokens=server.tokens,
             out_path=out_path,
             progress=False,
+            request_timeout_s=REQUEST_TIMEOUT_S,
             **settings,
         )
     finally:
@@ -252,6 +254,7 @@ def test_connection_refused_is_an_error_not_a_crash(tmp_path):
             model=MODEL,
             out_path=out_path,
             progress=False,
+            request_timeout_s=REQUEST_TIMEOUT_S,
         )
     )
     records = read_log(out_path)

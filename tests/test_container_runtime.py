@@ -635,6 +635,7 @@ def test_a_server_that_exits_is_reported_with_its_code_and_log(
         None,
         f"exits-{os.getpid()}",
         tmp_path / "server.log",
+        quota_during_startup=True,
         image=embedded_image,
         shm_size="64m",
     )
@@ -658,6 +659,7 @@ def test_a_refused_start_is_an_exit_code_not_an_exception(docker_engine, tmp_pat
         1.0,
         f"refused-{os.getpid()}",
         tmp_path / "server.log",
+        quota_during_startup=True,
         image="sha256:" + "0" * 64,
         shm_size="64m",
     )
@@ -782,6 +784,7 @@ def test_monitors_see_the_containers_processes_from_the_host(embedded_image, tmp
         1.0,
         f"monitors-{os.getpid()}",
         tmp_path / "server.log",
+        quota_during_startup=True,
         image=embedded_image,
         shm_size="256m",
     )
@@ -806,6 +809,7 @@ def test_the_container_runs_unprivileged_from_the_image_id(embedded_image, tmp_p
         None,
         f"least-privilege-{os.getpid()}",
         tmp_path / "server.log",
+        quota_during_startup=True,
         image=embedded_image,
         shm_size="64m",
     )
@@ -833,6 +837,7 @@ def test_a_secret_reaches_the_container_by_name_only(
         None,
         f"secret-by-name-{os.getpid()}",
         tmp_path / "server.log",
+        quota_during_startup=True,
         image=embedded_image,
         shm_size="64m",
         passed_environment=["STUDY_PASSED_VALUE"],

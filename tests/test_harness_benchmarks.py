@@ -14,7 +14,15 @@ from pathlib import Path
 import psutil
 import pytest
 
+from serving_study.config.records import (
+    Arm,
+    ClientSettings,
+    MonitorSettings,
+    ServerSettings,
+    Variant,
+)
 from serving_study.measure.chat_requests import load_requests
+from serving_study.servers.cgroups import project_group_directories
 from serving_study.sources.variants import prepare_variant
 from serving_study.studies.harness.arm_overhead import measure_arm_overhead
 from serving_study.studies.harness.benchmark_host import client_and_server_cpus
@@ -35,6 +43,7 @@ from serving_study.studies.harness.zero_work import zero_work_server
 from serving_study.workloads import generate_workload
 
 REPOSITORY = Path(__file__).resolve().parents[1]
+REQUEST_TIMEOUT_S = 60
 PATCH = "envs/patches/pr48881-shm-copy-without-thread-fanout.patch"
 needs_root = pytest.mark.skipif(
     os.geteuid() != 0, reason="the CPU-quota cgroups only root can create"
@@ -91,6 +100,7 @@ def test_the_zero_work_server_answers_with_every_token_at_once(
         concurrencies=[1, 4],
         measured_requests=12,
         study_peak_rps=25.7,
+        request_timeout_s=REQUEST_TIMEOUT_S,
         out_dir=tmp_path,
     )
 
@@ -127,6 +137,7 @@ def test_the_ttft_overhead_is_the_client_minus_the_raw_socket(
         client_cpu=client_and_server_cpus()[0],
         requests_per_round=5,
         rounds=2,
+        request_timeout_s=REQUEST_TIMEOUT_S,
         out_dir=tmp_path,
     )
 
@@ -140,7 +151,12 @@ def test_a_client_that_falls_behind_its_schedule_makes_the_run_invalid(
     chat_requests, server, tmp_path
 ):
     verdicts = check_dispatch_lag_invalidation(
-        chat_requests, server, block_s=0.3, allowed_ms=100, out_dir=tmp_path
+        chat_requests,
+        server,
+        block_s=0.3,
+        allowed_ms=100,
+        request_timeout_s=REQUEST_TIMEOUT_S,
+        out_dir=tmp_path,
     )
 
     assert verdicts["unblocked_client"]["valid"]
@@ -179,10 +195,7 @@ def test_the_monitor_cost_is_measured_on_a_tree_with_many_threads(tmp_path):
         abs=1e-4,
     )
     assert own_children() <= children_before
-    for hierarchy in ("cpu", "cpuacct"):
-        assert not (
-            Path("/sys/fs/cgroup") / hierarchy / "serving-study" / name
-        ).exists()
+    assert name not in {directory.name for directory in project_group_directories()}
 
 
 # --- Shared-memory copy ---------------------------------------------------------
@@ -287,45 +300,51 @@ def test_a_real_arm_is_split_into_its_phases(variants, tmp_path_factory, tmp_pat
     workload = tmp_path_factory.mktemp("arm-workload") / "tiny"
     spec = {"name": "tiny", "seed": 1, "images": 4, "width": 128, "height": 128}
     generate_workload(spec | {"input_tokens": 8, "format": "png"}, workload)
-    arm = {
-        "name": "overhead",
-        "variant": "original",
-        "workload": "tiny",
-        "transport": "cpu",
-        "cpu_quota": 1.0,
-        "environment": {},
-        "concurrency": 4,
-        "requests": 24,
-        "output_tokens": 8,
-        "runs": 1,
-    }
-    engine = {
-        "engine": "embedded",
-        "runtime": "local",
-        "embedded": {
-            "served_model_name": "test-model",
-            "prefill_ms_per_image": 5,
-            "decode_step_ms": 5,
-            "max_running_requests": 64,
-            "scheduler_busy_fraction": 0,
-            "preprocess_device": "auto",
-        },
-        "sglang": {},
-    }
-    client = {
-        "warmup_requests": 4,
-        "health_timeout_s": 120,
-        "request_timeout_s": 60,
-        "max_dispatch_lag_ms": 100,
-        "quota_during_startup": False,
-    }
-    monitors = {"sample_hz": 10, "thread_sample_hz": 1, "gpu": "off"}
+    arm = Arm.from_config(
+        {
+            "name": "overhead",
+            "variant": "original",
+            "workload": "tiny",
+            "transport": "cpu",
+            "cpu_quota": 1.0,
+            "environment": {},
+            "concurrency": 4,
+            "requests": 24,
+            "output_tokens": 8,
+        }
+    )
+    server_settings = ServerSettings.from_config(
+        {
+            "engine": "embedded",
+            "runtime": "local",
+            "embedded_engine": {
+                "served_model_name": "test-model",
+                "prefill_ms_per_image": 5,
+                "decode_step_ms": 5,
+                "max_running_requests": 64,
+                "scheduler_busy_fraction": 0,
+                "preprocess_device": "auto",
+            },
+        }
+    )
+    client = ClientSettings.from_config(
+        {
+            "warmup_requests": 4,
+            "health_timeout_s": 120,
+            "request_timeout_s": 60,
+            "max_dispatch_lag_ms": 100,
+            "quota_during_startup": False,
+        }
+    )
+    monitors = MonitorSettings.from_config(
+        {"sample_hz": 10, "thread_sample_hz": 1, "gpu": "off"}
+    )
 
     figures = measure_arm_overhead(
         arm=arm,
-        variant=variants["original"],
+        variant=Variant.from_identity(variants["original"]),
         workload_manifest=workload / "manifest.json",
-        engine=engine,
+        server_settings=server_settings,
         client=client,
         monitors=monitors,
         out_dir=tmp_path,

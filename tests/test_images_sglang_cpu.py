@@ -274,8 +274,9 @@ def test_a_closed_lock_pins_every_line():
     lines = [
         "# a comment",
         "",
-        "torch==2.14.1",
-        "Jinja2==3.1.6  # with a comment",
+        "torch==2.14.1 --hash=sha256:" + "1" * 64,
+        "Jinja2==3.1.6 \\",
+        "    --hash=sha256:" + "2" * 64 + "  # with a comment",
         "nvidia_cublas==13.1.1.3 \\",
         "    --hash=sha256:" + "0" * 64,
     ]
@@ -285,8 +286,10 @@ def test_a_closed_lock_pins_every_line():
         "nvidia-cublas": "13.1.1.3",
     }
     with pytest.raises(WheelhouseFailed, match="transformers>=5"):
-        lock_pins(["torch==2.14.1", "transformers>=5"])
-    with pytest.raises(WheelhouseFailed, match="empty"):
+        lock_pins(lines + ["transformers>=5"])
+    with pytest.raises(WheelhouseFailed, match="numpy==2.4.6 carries no --hash"):
+        lock_pins(lines + ["numpy==2.4.6"])
+    with pytest.raises(WheelhouseFailed, match="lists no packages"):
         lock_pins(["# nothing"])
 
 

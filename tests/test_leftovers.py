@@ -210,7 +210,7 @@ from serving_study.servers.local_runtime import LocalServer
 
 server = LocalServer(
     ["sleep", "600"], dict(os.environ), 0.5, owned_name("killed-runner"),
-    Path(sys.argv[1]),
+    Path(sys.argv[1]), quota_during_startup=True,
 )
 server.start()
 print(json.dumps({"server": server.pid, "group": str(server.group.cpu_directory)}),

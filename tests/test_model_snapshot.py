@@ -16,11 +16,13 @@ from pathlib import Path
 import pytest
 from study_helpers import snakemake_command
 
+from serving_study.sources import model_snapshot
 from serving_study.sources.model_snapshot import (
     HUGGINGFACE_HUB_PIN,
     ModelUnavailable,
     ensure_model_snapshot,
 )
+from serving_study.sources.recorded_files import RecordedFileChanged
 
 ROOT = Path(__file__).resolve().parents[1]
 MODEL = "Qwen/Qwen3-VL-4B-Instruct"
@@ -131,6 +133,60 @@ def test_without_huggingface_hub_the_error_names_the_pin_and_model_path(
     message = str(refused.value)
     assert f"pip install {HUGGINGFACE_HUB_PIN}" in message
     assert "sglang.model_path" in message
+
+
+# --- a download reused: every file as first recorded -------------------------------
+
+
+@pytest.fixture
+def fake_hub(monkeypatch) -> list[str]:
+    """huggingface_hub's download, answered with a small snapshot the first time and
+    left as it is after (a download that finds every file present); the revisions
+    asked for are listed."""
+    asked = []
+
+    def download(model, revision, destination):
+        asked.append(revision)
+        if not destination.exists():
+            write_snapshot(destination)
+        return destination.resolve()
+
+    monkeypatch.setattr(model_snapshot, "download_snapshot", download)
+    return asked
+
+
+def test_a_changed_file_of_a_reused_download_is_named(fake_hub, tmp_path):
+    pinned = settings(model_revision=COMMIT)
+    first = ensure_model_snapshot(pinned, tmp_path / "models")
+    assert ensure_model_snapshot(pinned, tmp_path / "models")["files"] == first["files"]
+    shard = tmp_path / "models" / SHARDS[1]
+    shard.write_bytes(b"other weights")
+
+    with pytest.raises(RecordedFileChanged) as raised:
+        ensure_model_snapshot(pinned, tmp_path / "models")
+
+    assert str(raised.value) == (
+        f"{shard} changed since it was recorded (sha256 {first['files'][SHARDS[1]]} "
+        f"-> {hashlib.sha256(b'other weights').hexdigest()}); remove "
+        f"{tmp_path / 'models'} to download it again"
+    )
+    assert fake_hub == [COMMIT] * 3
+
+
+def test_another_revision_in_the_same_folder_is_recorded_afresh(fake_hub, tmp_path):
+    ensure_model_snapshot(settings(model_revision=COMMIT), tmp_path / "models")
+    (tmp_path / "models" / "config.json").write_text('{"model_type": "newer"}')
+
+    record = ensure_model_snapshot(
+        settings(model_revision=OTHER_COMMIT), tmp_path / "models"
+    )
+
+    assert record["commit"] == OTHER_COMMIT
+    (tmp_path / "models" / "config.json").write_text("{}")
+    with pytest.raises(RecordedFileChanged, match="config.json changed"):
+        ensure_model_snapshot(
+            settings(model_revision=OTHER_COMMIT), tmp_path / "models"
+        )
 
 
 # --- huggingface_hub for real, without the Hub ------------------------------------

@@ -110,6 +110,7 @@ def test_a_server_without_model_processes_cannot_take_the_main_process_scope(
         0.5,
         f"scope-test-plain-{os.getpid()}",
         tmp_path / "server.log",
+        quota_during_startup=True,
         quota_scope="main_process",
     )
     server.start()

@@ -293,6 +293,7 @@ def test_unknown_criterion_metric_is_refused():
 
 
 @pytest.mark.slow
+@pytest.mark.network
 def test_every_release_of_the_config_loads_in_the_embedded_engine(
     tmp_path, pytestconfig
 ):

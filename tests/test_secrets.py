@@ -13,6 +13,13 @@ import yaml
 from study_helpers import snakemake_command
 
 from serving_study.config.platform import GPU_PLATFORM
+from serving_study.config.records import (
+    Arm,
+    ClientSettings,
+    MonitorSettings,
+    ServerSettings,
+    Variant,
+)
 from serving_study.config.secrets import SecretNotSet, has_credentials, is_secret
 from serving_study.config.validation import ConfigError, check_config
 from serving_study.measure.arm_runner import run_arm
@@ -198,7 +205,7 @@ def test_a_container_gets_a_secret_by_name_only():
 
 def test_launch_commands_name_the_arms_secrets():
     config = check(shipped("config/p4.yaml"))
-    arm = config["arms"][0] | {"secret_environment": ["HF_TOKEN"]}
+    arm = Arm.from_config(config["arms"][0] | {"secret_environment": ["HF_TOKEN"]})
     launch = arm_launch_commands(
         experiment="p4",
         arm=arm,
@@ -244,17 +251,30 @@ def test_preflight_refuses_a_host_without_the_arms_secrets(monkeypatch):
 
 def test_the_runner_starts_nothing_without_a_named_secret(monkeypatch, tmp_path):
     monkeypatch.delenv(PLAIN_NAME, raising=False)
-    arm = {"name": "A", "cpu_quota": "none", "secret_environment": [PLAIN_NAME]}
+    arm = Arm.from_config(
+        {
+            "name": "A",
+            "variant": "v",
+            "workload": "w",
+            "cpu_quota": "none",
+            "concurrency": 1,
+            "requests": 1,
+            "secret_environment": [PLAIN_NAME],
+        }
+    )
+    variant = {"name": "v", "sglang_python_root": "/v", "mm_utils_sha256": "0" * 64}
     with pytest.raises(SecretNotSet, match=f"arm A passes {PLAIN_NAME}"):
         run_arm(
             experiment="secrets",
             arm=arm,
             run=1,
-            variant={},
+            variant=Variant.from_identity(variant),
             workload_manifest=tmp_path / "no-manifest.json",
-            engine={"engine": "embedded", "runtime": "local"},
-            client={},
-            monitors={},
+            server_settings=ServerSettings.from_config(
+                {"engine": "embedded", "runtime": "local"}
+            ),
+            client=ClientSettings.from_config({}),
+            monitors=MonitorSettings.from_config({}),
             paths=RunPaths.in_directory(tmp_path),
         )
     assert list(tmp_path.iterdir()) == []

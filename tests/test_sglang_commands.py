@@ -29,6 +29,7 @@ from serving_study.config.platform import (
     PROJECT_ROOT,
     compile_cache,
 )
+from serving_study.config.records import Arm
 from serving_study.config.server_arguments import (
     FLAGS_FROM_CONFIG,
     FLAGS_HIDING_ARGUMENTS,
@@ -111,7 +112,7 @@ def experiment_config(name: str) -> dict:
 
 def every_arm() -> list:
     return [
-        pytest.param(name, arm, id=f"{name}-{arm['name']}")
+        pytest.param(name, Arm.from_config(arm), id=f"{name}-{arm['name']}")
         for name in GPU_EXPERIMENTS
         for arm in experiment_config(name)["arms"]
     ]
@@ -127,7 +128,7 @@ def test_every_arm_spells_out_transport_and_caches(experiment, arm):
     argv = sglang_server_argv(arm, settings, MODEL_PATH, 30000, GPU_PLATFORM)
 
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
-    assert flag_values(argv, "--mm-feature-transport") == [arm["transport"]]
+    assert flag_values(argv, "--mm-feature-transport") == [arm.transport]
     assert ("--disable-radix-cache" in argv) is RADIX_CACHE_OFF[experiment]
     assert flag_values(argv, "--mm-preprocess-cache-size-mb") == ["0"]
     assert flag_values(argv, "--model-path") == [MODEL_PATH]
@@ -144,15 +145,15 @@ def test_every_arm_turns_the_environment_only_caches_off(experiment, arm):
     assert environment["SGLANG_VLM_CACHE_SIZE_MB"] == "0"
     assert environment["SGLANG_MM_FEATURE_CACHE_MB"] == "1024"
     assert environment["HF_HUB_OFFLINE"] == "1"
-    capped = (experiment, arm["name"]) in THREAD_CAPPED_ARMS
+    capped = (experiment, arm.name) in THREAD_CAPPED_ARMS
     assert environment.get("OMP_NUM_THREADS") == ("8" if capped else None)
 
 
 def test_both_transports_are_explicit_even_where_sglang_would_choose():
-    arms = experiment_config("p4")["arms"]
+    arms = map(Arm.from_config, experiment_config("p4")["arms"])
     settings = experiment_config("p4")["sglang"]
     transports = {
-        arm["name"]: flag_values(
+        arm.name: flag_values(
             sglang_server_argv(arm, settings, MODEL_PATH, 1, GPU_PLATFORM),
             "--mm-feature-transport",
         )
@@ -169,9 +170,10 @@ def test_memory_settings_then_extra_then_arm_arguments():
         "served_model_name": "qwen3-vl",
         "extra_server_args": ["--cuda-graph-max-bs", "16"],
     }
-    arm = experiment_config("p4")["arms"][0] | {
-        "server_args": ["--max-running-requests", "16"]
-    }
+    arm = Arm.from_config(
+        experiment_config("p4")["arms"][0]
+        | {"server_args": ["--max-running-requests", "16"]}
+    )
     argv = sglang_server_argv(
         arm, settings, MODEL_PATH, 31000, GPU_PLATFORM, python="/venv/python"
     )
@@ -194,7 +196,9 @@ def test_memory_settings_then_extra_then_arm_arguments():
 )
 def test_extra_arguments_may_not_override_a_config_key(extra, arm_arguments, named):
     settings = experiment_config("p4")["sglang"] | {"extra_server_args": extra}
-    arm = experiment_config("p4")["arms"][0] | {"server_args": arm_arguments}
+    arm = Arm.from_config(
+        experiment_config("p4")["arms"][0] | {"server_args": arm_arguments}
+    )
     with pytest.raises(ServerArgumentConflict, match=named.replace("[", r"\[")):
         sglang_server_argv(arm, settings, MODEL_PATH, 30000, GPU_PLATFORM)
 
@@ -227,7 +231,9 @@ def test_every_spelling_of_a_flag_from_config_is_refused(arguments, flag, where)
         named = f"arms[{arm['name']}].server_args[2]"
 
     with pytest.raises(ServerArgumentConflict) as raised:
-        sglang_server_argv(arm, settings, MODEL_PATH, 30000, GPU_PLATFORM)
+        sglang_server_argv(
+            Arm.from_config(arm), settings, MODEL_PATH, 30000, GPU_PLATFORM
+        )
 
     message = str(raised.value)
     assert message.startswith(f"{named}: {arguments[0]!r} sets {flag}, which ")
@@ -269,7 +275,7 @@ def test_the_quota_is_in_the_container_argv_only_when_given_at_start():
     launch = {
         quota_during_startup: arm_launch_commands(
             experiment="b1",
-            arm=config["arms"][1],
+            arm=Arm.from_config(config["arms"][1]),
             sglang_settings=config["sglang"],
             runtime="docker",
             model_host_path="/data/qwen",
@@ -289,7 +295,7 @@ def test_a_hugging_face_cache_snapshot_is_mounted_with_its_blobs():
     cache = "/data/hf/hub/models--Qwen--Qwen3-VL-4B-Instruct"
     launch = arm_launch_commands(
         experiment="p4",
-        arm=config["arms"][0],
+        arm=Arm.from_config(config["arms"][0]),
         sglang_settings=config["sglang"],
         runtime="docker",
         model_host_path=f"{cache}/snapshots/{'a' * 40}",
@@ -308,7 +314,7 @@ def test_a_local_server_loads_the_model_from_its_host_path():
     config = experiment_config("p6b")
     launch = arm_launch_commands(
         experiment="p6b",
-        arm=config["arms"][0],
+        arm=Arm.from_config(config["arms"][0]),
         sglang_settings=config["sglang"],
         runtime="local",
         model_host_path="/data/qwen",
@@ -367,7 +373,7 @@ def written_commands(tmp_path_factory) -> dict[str, dict[str, dict]]:
 def test_the_rule_writes_every_arm_with_its_container(written_commands):
     for experiment in GPU_EXPERIMENTS:
         config = experiment_config(experiment)
-        arms = {arm["name"]: arm for arm in config["arms"]}
+        arms = {arm["name"]: Arm.from_config(arm) for arm in config["arms"]}
         assert set(written_commands[experiment]) == set(arms)
         for name, commands in written_commands[experiment].items():
             arm = arms[name]
@@ -380,7 +386,7 @@ def test_the_rule_writes_every_arm_with_its_container(written_commands):
             assert container[-len(commands["server_argv"]) :] == commands["server_argv"]
             assert "--ipc=host" in container and "--network=host" in container
             assert flag_values(container, "--gpus") == ["all"]
-            assert "localhost/serving-study-sglang:" + arm["variant"] in container
+            assert "localhost/serving-study-sglang:" + arm.variant in container
             # The runner puts the quota in force once the server is healthy.
             assert commands["quota_cores"] == 13.6
             assert commands["quota_from"] == "healthy"
@@ -456,7 +462,7 @@ def memory_and_extra_arguments() -> list[str]:
         "extra_server_args": ["--max-running-requests", "32"],
     }
     return sglang_server_argv(
-        config["arms"][1], settings, MODEL_PATH, 30001, GPU_PLATFORM
+        Arm.from_config(config["arms"][1]), settings, MODEL_PATH, 30001, GPU_PLATFORM
     )
 
 
@@ -584,7 +590,7 @@ def test_sglang_0_5_23_takes_abbreviated_flags_and_the_guard_knows_its_options(
 
 def test_a_cpu_host_gets_the_cpu_engine_flags_and_dummy_weights_only_there():
     config = experiment_config("p4")
-    arm, settings = config["arms"][0], config["sglang"]
+    arm, settings = Arm.from_config(config["arms"][0]), config["sglang"]
     on_gpu = sglang_server_argv(arm, settings, MODEL_PATH, 30000, GPU_PLATFORM)
     on_cpu = sglang_server_argv(
         arm,
@@ -619,7 +625,7 @@ def test_a_cpu_container_gets_no_gpus_and_the_cpu_image():
     config = experiment_config("b1")
     launch = arm_launch_commands(
         experiment="b1",
-        arm=config["arms"][0],
+        arm=Arm.from_config(config["arms"][0]),
         sglang_settings=config["sglang"],
         runtime="docker",
         model_host_path="/data/tiny",
@@ -639,7 +645,7 @@ def test_every_server_shares_one_compile_cache_per_kind(platform):
     project on the host, mounted writable at one path inside every container."""
     config = experiment_config("b1")
     launches = {
-        (runtime, arm["name"]): arm_launch_commands(
+        (runtime, arm.name): arm_launch_commands(
             experiment="b1",
             arm=arm,
             sglang_settings=config["sglang"],
@@ -649,7 +655,7 @@ def test_every_server_shares_one_compile_cache_per_kind(platform):
             platform=platform,
         )
         for runtime in ("local", "docker")
-        for arm in config["arms"]
+        for arm in map(Arm.from_config, config["arms"])
     }
     local_cache, _ = compile_cache(platform, in_container=False)
     container_cache, inside = compile_cache(platform, in_container=True)
@@ -670,5 +676,9 @@ def test_the_platform_flags_cannot_be_overridden(flag):
     settings = experiment_config("p4")["sglang"] | {"extra_server_args": [flag]}
     with pytest.raises(ServerArgumentConflict):
         sglang_server_argv(
-            experiment_config("p4")["arms"][0], settings, MODEL_PATH, 1, CPU_PLATFORM
+            Arm.from_config(experiment_config("p4")["arms"][0]),
+            settings,
+            MODEL_PATH,
+            1,
+            CPU_PLATFORM,
         )

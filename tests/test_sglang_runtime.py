@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from serving_study.sources import sglang_runtime
+from serving_study.sources.hashed_lock import logical_lines
+from serving_study.sources.recorded_files import RecordedFileChanged
 from serving_study.sources.sglang_runtime import (
     RuntimeBuildError,
     ensure_sglang_runtime,
@@ -58,16 +60,16 @@ GPU_ONLY = (
 
 def test_the_lock_pins_every_package_and_holds_no_sglang():
     pins = read_lock(LOCK)
-    requirement_lines = [
-        line
-        for line in LOCK.read_text().splitlines()
-        if line.strip() and not line.lstrip().startswith("#")
-    ]
-    assert len(requirement_lines) == len(pins), "a package is listed twice"
+    requirements = [requirement for _, requirement in logical_lines(LOCK.read_text())]
+    assert len(requirements) == len(pins), "a package is listed twice"
     assert all(
-        re.fullmatch(r"[A-Za-z0-9._-]+==\S+", line) for line in requirement_lines
+        re.fullmatch(r"[A-Za-z0-9._-]+==\S+ --hash=sha256:[0-9a-f]{64}", requirement)
+        for requirement in requirements
     )
-    assert requirement_lines[:2] == ["torch==2.14.1", "torchvision==0.29.1"]
+    assert [r.split()[0] for r in requirements[:2]] == [
+        "torch==2.14.1",
+        "torchvision==0.29.1",
+    ]
     assert pins["transformers"] == "5.19.0"
     assert "sglang" not in pins
     assert not set(GPU_ONLY) & set(pins)
@@ -80,17 +82,23 @@ def test_the_lock_pins_every_package_and_holds_no_sglang():
         ("six>=1.16", "not pinned"),
         ("six==1.17.0; python_version > '3'", "not pinned"),
         ("--index-url https://example.invalid/simple", "not pinned"),
-        ("sglang==0.5.23", "sglang is pinned"),
+        ("sglang==0.5.23 --hash=sha256:" + "1" * 64, "sglang is pinned"),
+        ("idna==3.11", "carries no --hash"),
     ],
 )
 def test_a_lock_that_is_not_closed_is_refused(tmp_path, line, complaint):
     lock = tmp_path / "requirements.lock"
-    lock.write_text(f"# a comment\nsix==1.17.0\n{line}\n")
+    hashed_six = "six==1.17.0 \\\n    --hash=sha256:" + "0" * 64
+    lock.write_text(f"# a comment\n{hashed_six}\n{line}\n")
     with pytest.raises(RuntimeBuildError, match=complaint):
         read_lock(lock)
 
 
 # --- Building and reusing the venv ------------------------------------------------
+
+
+# six 1.17.0's one wheel, as PyPI lists it.
+SIX_WHEEL_SHA256 = "4721f391ed90541fddacab5acf947aa0d3dc7d27b2e1e8eda2be8970586c3274"
 
 
 @pytest.fixture
@@ -100,7 +108,7 @@ def six_lock(tmp_path, monkeypatch) -> Path:
     (lock_directory / "stand-in" / "sgl_kernel").mkdir(parents=True)
     (lock_directory / "stand-in" / "sgl_kernel" / "__init__.py").write_text("")
     lock = lock_directory / "requirements.lock"
-    lock.write_text("# test lock\nsix==1.17.0\n")
+    lock.write_text(f"# test lock\nsix==1.17.0 --hash=sha256:{SIX_WHEEL_SHA256}\n")
     monkeypatch.setattr(sglang_runtime, "RECORDED_PACKAGES", ("torch", "six"))
     return lock
 
@@ -143,7 +151,10 @@ def test_the_same_lock_reuses_the_venv_and_a_changed_lock_rebuilds_it(
 ):
     dest = tmp_path / "runtime"
     first, _ = build(six_lock, dest)
-    sentinel = dest / "venv" / "sentinel"
+    # Bytecode is not among the venv's recorded files (Python writes it as it
+    # imports), so a sentinel there does not stop the reuse.
+    sentinel = dest / "venv" / "__pycache__" / "sentinel.pyc"
+    sentinel.parent.mkdir()
     sentinel.write_text("from the first build")
 
     again, messages = build(six_lock, dest)
@@ -162,6 +173,42 @@ def test_the_same_lock_reuses_the_venv_and_a_changed_lock_rebuilds_it(
     assert rebuilt["lock_sha256"] != first["lock_sha256"]
     assert not sentinel.exists()
     assert any(message.startswith("pip: ") for message in messages)
+
+
+def test_a_changed_file_of_a_reused_venv_is_named(six_lock, tmp_path):
+    dest = tmp_path / "runtime"
+    build(six_lock, dest)
+    (module,) = (dest / "venv").glob("lib/python*/site-packages/six.py")
+    recorded = hashlib.sha256(module.read_bytes()).hexdigest()
+    module.write_text(module.read_text() + "# edited in place\n")
+
+    with pytest.raises(RecordedFileChanged) as raised:
+        build(six_lock, dest)
+
+    changed = hashlib.sha256(module.read_bytes()).hexdigest()
+    assert str(raised.value) == (
+        f"{module} changed since it was recorded (sha256 {recorded} -> {changed}); "
+        f"remove {dest / 'venv'} to build it again"
+    )
+
+
+def test_a_venv_built_before_files_were_recorded_has_them_recorded_on_reuse(
+    six_lock, tmp_path
+):
+    dest = tmp_path / "runtime"
+    first, _ = build(six_lock, dest)
+    files = dest / "venv" / "files.json"
+    recorded = json.loads(files.read_text())
+    files.unlink()
+
+    again, messages = build(six_lock, dest)
+
+    assert again == first
+    assert json.loads(files.read_text()) == recorded
+    assert any("predates its record of files" in message for message in messages)
+    (dest / "venv" / "bin" / "extra-tool").write_text("#!/bin/sh\n")
+    with pytest.raises(RecordedFileChanged, match="extra-tool was added since"):
+        build(six_lock, dest)
 
 
 def test_a_half_built_or_broken_venv_is_never_reused(six_lock, tmp_path):
@@ -192,7 +239,7 @@ def test_a_dead_builds_partial_venv_is_removed(six_lock, tmp_path):
 
 def test_a_pip_failure_names_the_package_and_leaves_nothing_built(six_lock, tmp_path):
     dest = tmp_path / "runtime"
-    six_lock.write_text("six==0.0.0\n")
+    six_lock.write_text(f"six==0.0.0 --hash=sha256:{SIX_WHEEL_SHA256}\n")
     with pytest.raises(RuntimeBuildError) as raised:
         build(six_lock, dest)
     message = str(raised.value)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import shutil
 import stat
 import subprocess
 import sys
@@ -12,11 +13,15 @@ from pathlib import Path
 
 import pytest
 
+from serving_study.sources import pypi_source, wheelhouse
 from serving_study.sources.fetch import fetch_source, read_identity
 from serving_study.sources.files import file_sha256
+from serving_study.sources.images import assemble_context
 from serving_study.sources.pull_request import fetch_pull_request_diff
+from serving_study.sources.recorded_files import RecordedFileChanged
 from serving_study.sources.source_errors import SourceMismatch, SourceUnavailable
 
+ROOT = Path(__file__).resolve().parents[1]
 MM_UTILS = "python/sglang/srt/managers/mm_utils.py"
 SGLANG_0_5_23_CP311_SHA256 = (
     "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"
@@ -225,6 +230,196 @@ def test_pypi_unreachable_says_how_to_use_a_local_wheel(tmp_path, monkeypatch):
     assert "sglang==0.5.23" in message and "path:" in message
     assert "the package index could not be reached" in message
     assert not (tmp_path / "sglang").exists()
+
+
+# --- pins: a release by the sha256 of its wheels, a pull request by its head ---------
+
+
+@pytest.fixture
+def offline_wheel(tmp_path, monkeypatch) -> Path:
+    """A fake sglang 9.9.9 wheel that stands in for PyPI's answer to pip download."""
+    wheel = tmp_path / "pypi" / "sglang-9.9.9-cp311-cp311-manylinux_2_34_x86_64.whl"
+    wheel.parent.mkdir()
+    with zipfile.ZipFile(wheel, "w") as bundle:
+        bundle.writestr("sglang/__init__.py", "")
+        bundle.writestr("sglang/srt/managers/mm_utils.py", "copy = 'pypi'\n")
+
+    def download(name, package, version, into, download_dir):
+        assert (package, version) == ("sglang", "9.9.9")
+        return Path(shutil.copy2(wheel, into))
+
+    monkeypatch.setattr(pypi_source, "_download_wheel", download)
+    return wheel
+
+
+def pypi_record(sha256) -> dict:
+    pin = {"package": "sglang", "version": "9.9.9", "sha256": sha256}
+    return {"name": "sglang-9.9.9", "pypi": pin}
+
+
+@pytest.mark.parametrize("pinned_as", ["one digest", "a list holding it"])
+def test_a_wheel_among_the_pinned_digests_is_accepted(
+    offline_wheel, tmp_path, pinned_as
+):
+    digest = file_sha256(offline_wheel)
+    pin = digest if pinned_as == "one digest" else ["0" * 64, digest, "f" * 64]
+
+    identity = fetch_source(pypi_record(pin), tmp_path / "sglang")
+
+    assert identity["sha256"] == digest
+    assert identity["file"] == offline_wheel.name
+    assert (tmp_path / "sglang" / MM_UTILS).read_text() == "copy = 'pypi'\n"
+
+
+def test_a_wheel_outside_the_pinned_digests_is_refused_by_name(offline_wheel, tmp_path):
+    pinned = ["0" * 64, "f" * 64]
+
+    with pytest.raises(SourceMismatch) as raised:
+        fetch_source(pypi_record(pinned), tmp_path / "sglang")
+
+    message = str(raised.value)
+    assert message.startswith(
+        f"source 'sglang-9.9.9': {offline_wheel.name} has sha256 "
+        f"{file_sha256(offline_wheel)}, which is not among the sha256 the config "
+        f"pins for sglang 9.9.9: {pinned[0]}, {pinned[1]}."
+    )
+    assert not (tmp_path / "sglang").exists()
+
+
+def test_a_pull_request_pinned_to_its_head_is_diffed(upstream):
+    repository, (first, second) = upstream
+    git(repository, "checkout", "--quiet", "-b", "feature", first)
+    head = commit_file(repository, MM_UTILS, "copy = 'pull request'\n", "change")
+    git(repository, "update-ref", "refs/pull/7/head", head)
+    git(repository, "checkout", "--quiet", "main")
+
+    diff = fetch_pull_request_diff(str(repository), 7, second, pinned_head=head)
+
+    assert diff.head_commit == head
+    assert "+copy = 'pull request'" in diff.text
+
+
+def test_a_pull_request_whose_head_moved_is_refused(upstream):
+    repository, (first, second) = upstream
+    git(repository, "checkout", "--quiet", "-b", "feature", first)
+    pinned = commit_file(repository, MM_UTILS, "copy = 'reviewed'\n", "change")
+    moved = commit_file(repository, MM_UTILS, "copy = 'pushed later'\n", "more")
+    git(repository, "update-ref", "refs/pull/7/head", moved)
+    git(repository, "checkout", "--quiet", "main")
+
+    with pytest.raises(SourceMismatch) as raised:
+        fetch_pull_request_diff(str(repository), 7, second, pinned_head=pinned)
+
+    assert str(raised.value).startswith(
+        f"pull request #7 of {repository}: its head is commit {moved}, but the "
+        f"config pins {pinned} (pull_request_head)."
+    )
+
+
+# --- a fetched tree is checked file by file when it is reused -----------------------
+
+
+@pytest.fixture
+def fetched(upstream, tmp_path) -> tuple[dict, Path]:
+    repository, (first, _) = upstream
+    record = {"name": "fake", "git": {"url": str(repository), "commit": first}}
+    fetch_source(record, tmp_path / "fake")
+    return record, tmp_path / "fake"
+
+
+def test_a_changed_file_of_a_fetched_tree_is_named_on_reuse(fetched):
+    record, tree = fetched
+    changed = tree / MM_UTILS
+    recorded = file_sha256(changed)
+    changed.write_text("copy = 'edited in place'\n")
+
+    with pytest.raises(RecordedFileChanged) as raised:
+        fetch_source(record, tree)
+
+    assert str(raised.value) == (
+        f"{changed} changed since it was recorded (sha256 {recorded} -> "
+        f"{file_sha256(changed)}); remove {tree} to fetch it again"
+    )
+
+
+def test_an_added_or_removed_file_of_a_fetched_tree_is_named_on_reuse(fetched):
+    record, tree = fetched
+    added = tree / "python/sglang/sitecustomize.py"
+    added.write_text("import os\n")
+    removed = tree / "python/sglang/__init__.py"
+    removed.unlink()
+
+    with pytest.raises(RecordedFileChanged) as raised:
+        fetch_source(record, tree)
+
+    message = str(raised.value)
+    assert message.startswith(f"{removed} was removed since it was recorded (sha256 ")
+    assert message.endswith(
+        f"(1 more file differ too); remove {tree} to fetch it again"
+    )
+
+
+def test_bytecode_in_a_fetched_tree_is_not_a_change(fetched):
+    record, tree = fetched
+    identity = read_identity(tree)
+    bytecode = tree / "python/sglang/__pycache__/__init__.cpython-311.pyc"
+    bytecode.parent.mkdir()
+    bytecode.write_bytes(b"written by an import")
+
+    assert fetch_source(record, tree) == identity
+
+
+def fake_pip_download(command, **_):
+    """Write one wheel per line of the lock where ``pip download --dest`` would."""
+    dest = Path(command[command.index("--dest") + 1])
+    lock = Path(command[command.index("--requirement") + 1])
+    pins = [line.split()[0] for line in lock.read_text().splitlines()]
+    for name, version in (pin.split("==") for pin in pins):
+        (dest / f"{name}-{version}-py3-none-any.whl").write_bytes(
+            b"wheel of " + name.encode()
+        )
+    return subprocess.CompletedProcess(command, 0, "", "")
+
+
+def test_a_changed_wheel_of_a_wheelhouse_is_named_when_an_image_takes_it(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setattr(wheelhouse.subprocess, "run", fake_pip_download)
+    lock = tmp_path / "requirements.lock"
+    digest = " --hash=sha256:" + "0" * 64
+    lock.write_text(f"six==1.17.0{digest}\nidna==3.10{digest}\n")
+    made = tmp_path / "wheelhouse"
+    manifest = wheelhouse.make_wheelhouse(
+        lock, made, python_version="3.11", glibc_version="2.36", closed=True
+    )
+    assert sorted(manifest["files"]) == [
+        "idna-3.10-py3-none-any.whl",
+        "requirements.txt",
+        "six-1.17.0-py3-none-any.whl",
+    ]
+    variant = {"name": "v", "sglang_python_root": str(tmp_path / "variant/python")}
+    (tmp_path / "variant/python/sglang").mkdir(parents=True)
+    # Snakemake marks a directory output with a file of its own: not a change.
+    (made / ".snakemake_timestamp").write_text("")
+    wheelhouse.require_wheelhouse_unchanged(made)
+    changed = made / "six-1.17.0-py3-none-any.whl"
+    changed.write_bytes(b"another wheel")
+
+    with pytest.raises(RecordedFileChanged) as raised:
+        assemble_context(
+            "sglang-cpu",
+            variant,
+            tmp_path / "context",
+            dockerfile=ROOT / "envs/Dockerfile.sglang-cpu",
+            verify_script=ROOT / "envs/verify_mm_utils.py",
+            wheelhouse=made,
+        )
+
+    recorded = manifest["files"][changed.name]
+    assert str(raised.value) == (
+        f"{changed} changed since it was recorded (sha256 {recorded} -> "
+        f"{file_sha256(changed)}); remove {made} to download it again"
+    )
 
 
 def test_pull_request_diff_is_taken_against_its_merge_base(upstream):

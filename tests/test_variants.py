@@ -21,6 +21,7 @@ import torch
 
 from serving_study.sources.fetch import fetch_source
 from serving_study.sources.files import file_sha256
+from serving_study.sources.source_errors import SourceMismatch
 from serving_study.sources.variants import (
     PatchDoesNotApply,
     apply_patch,
@@ -234,7 +235,9 @@ def git(repository: Path, *arguments: str) -> str:
     return result.stdout.strip()
 
 
-def test_a_pull_request_is_applied_to_a_git_source(tmp_path):
+@pytest.fixture
+def pull_request_5(tmp_path) -> tuple[dict, str]:
+    """A fetched git source whose upstream has pull request #5; its head commit."""
     upstream = tmp_path / "upstream"
     (upstream / "python/sglang/srt/managers").mkdir(parents=True)
     git(upstream, "init", "--quiet", "--initial-branch=main")
@@ -248,6 +251,11 @@ def test_a_pull_request_is_applied_to_a_git_source(tmp_path):
     git(upstream, "update-ref", "refs/pull/5/head", "HEAD")
     record = {"name": "src", "git": {"url": str(upstream), "commit": base}}
     source = fetch_source(record, tmp_path / "sources" / "src")
+    return source, git(upstream, "rev-parse", "HEAD")
+
+
+def test_a_pull_request_is_applied_to_a_git_source(pull_request_5, tmp_path, caplog):
+    source, head = pull_request_5
     variant = {"name": "pr5", "source": "src", "pull_request": 5}
 
     identity = prepare_variant(
@@ -255,7 +263,48 @@ def test_a_pull_request_is_applied_to_a_git_source(tmp_path):
     )
 
     assert (tmp_path / "pr5" / MM_UTILS).read_text() == "a = 1\nb = 3\n"
-    assert identity["pull_request"]["head_commit"] == git(upstream, "rev-parse", "HEAD")
-    assert identity["pull_request"]["merge_base"] == base
+    assert identity["pull_request"]["head_commit"] == head
+    assert identity["pull_request"]["merge_base"] == source["commit"]
     kept = tmp_path / "pr5" / identity["pull_request"]["file"]
     assert file_sha256(kept) == identity["pull_request"]["sha256"]
+    # Not pinned: applied as it stands, with the head to pin named.
+    assert identity["pull_request"]["pinned_head"] is None
+    assert f"pin it with pull_request_head: {head}" in caplog.text
+
+
+def test_a_pull_request_pinned_to_its_head_is_applied(pull_request_5, tmp_path):
+    source, head = pull_request_5
+    variant = {
+        "name": "pr5",
+        "source": "src",
+        "pull_request": 5,
+        "pull_request_head": head,
+    }
+
+    identity = prepare_variant(
+        variant, tmp_path / "sources" / "src", source, None, tmp_path / "pr5"
+    )
+
+    assert identity["pull_request"]["pinned_head"] == head
+    assert (tmp_path / "pr5" / MM_UTILS).read_text() == "a = 1\nb = 3\n"
+
+
+def test_a_pull_request_whose_head_moved_builds_nothing(pull_request_5, tmp_path):
+    source, head = pull_request_5
+    pinned = "1" * 40
+    variant = {
+        "name": "pr5",
+        "source": "src",
+        "pull_request": 5,
+        "pull_request_head": pinned,
+    }
+
+    with pytest.raises(SourceMismatch) as raised:
+        prepare_variant(
+            variant, tmp_path / "sources" / "src", source, None, tmp_path / "pr5"
+        )
+
+    assert f"its head is commit {head}, but the config pins {pinned}" in str(
+        raised.value
+    )
+    assert not (tmp_path / "pr5").exists()

@@ -14,15 +14,23 @@ measured window (run_window.py), the run's files (run_outputs.py) and how a run
 ends early (run_failure.py).
 """
 
+import dataclasses
 import logging
 import os
 import time
 import traceback
 from pathlib import Path
 
-from serving_study.config.secrets import require_secrets, secret_names
-from serving_study.measure.arm_server import in_container
-from serving_study.measure.host_sharing import HostSharing, MeasurementLock
+from serving_study.config.records import (
+    Arm,
+    ClientSettings,
+    HostSharing,
+    MonitorSettings,
+    ServerSettings,
+    Variant,
+)
+from serving_study.config.secrets import require_secrets
+from serving_study.measure.host_sharing import MeasurementLock
 from serving_study.measure.run_failure import ArmFailed, termination_as_interrupt
 from serving_study.measure.run_metrics import failed_run_metrics, summarize_run
 from serving_study.measure.run_outputs import RunPaths, now_iso, write_json
@@ -42,13 +50,13 @@ log = logging.getLogger(__name__)
 def run_arm(
     *,
     experiment: str,
-    arm: dict,
+    arm: Arm,
     run: int,
-    variant: dict,
+    variant: Variant,
     workload_manifest: Path,
-    engine: dict,
-    client: dict,
-    monitors: dict,
+    server_settings: ServerSettings,
+    client: ClientSettings,
+    monitors: MonitorSettings,
     paths: RunPaths,
     sharing: HostSharing | None = None,
     traced_to: dict | None = None,
@@ -66,13 +74,13 @@ def run_arm(
     """
     sharing = sharing or HostSharing.from_config({})
     # A secret the arm names but the runner lacks is a setup error: nothing starts.
-    require_secrets(arm, os.environ)
+    require_secrets(arm.as_config(), os.environ)
     paths.server_log.write_text("")
-    group_name = owned_name(f"{experiment}-{arm['name']}-run{run}")
+    group_name = owned_name(f"{experiment}-{arm.name}-run{run}")
     # What is recorded of the arm: secret values (tokens) never reach a file.
-    arm_record = arm | {"environment": redacted(arm.get("environment", {}))}
+    arm_record = arm.as_config() | {"environment": redacted(arm.environment)}
     lock = MeasurementLock.acquire(
-        sharing, holder=f"experiment {experiment}, arm {arm['name']}, run {run}"
+        sharing, holder=f"experiment {experiment}, arm {arm.name}, run {run}"
     )
     # The run's time starts once it has the host (the wait is in host_lock).
     started_at, started = now_iso(), time.monotonic()
@@ -80,8 +88,8 @@ def run_arm(
         "experiment": experiment,
         "arm": arm_record,
         "run": run,
-        "variant": variant,
-        "engine": engine,
+        "variant": variant.identity,
+        "engine": dataclasses.asdict(server_settings),
         "started_at": started_at,
         "host_lock": lock.record,
         **(traced_to or {}),
@@ -89,17 +97,19 @@ def run_arm(
     server = None
     inline_images = 0
     try:
-        container_runtimes = (engine["runtime"],) if in_container(engine) else ()
+        container_runtimes = (
+            (server_settings.runtime,) if server_settings.in_container else ()
+        )
         provenance["leftovers_reaped"] = reap_leftovers(container_runtimes).to_dict()
         server, base_url = start_healthy_server(
-            engine, variant, arm, group_name, paths, client, workload_manifest
+            server_settings, variant, arm, group_name, paths, client, workload_manifest
         )
         provenance["start_to_healthy_s"] = round(time.monotonic() - started, 3)
         server_info = read_server_info(base_url)
         provenance.update(
             server_argv=server.argv,
             environment_in_force=recorded_environment(
-                server.environment, secret_names(arm)
+                server.environment, arm.secret_environment
             ),
             server_info=server_info,
             quota_in_force=server.group.quota_in_force(),
@@ -120,14 +130,21 @@ def run_arm(
                 quota_seen_inside=server.quota_seen_inside(),
             )
         window, load_summary = measure(
-            base_url, server, arm, engine, workload_manifest, client, monitors, paths
+            base_url,
+            server,
+            arm,
+            server_settings,
+            workload_manifest,
+            client,
+            monitors,
+            paths,
         )
         if server.exit_code() is not None:
             raise ArmFailed(
                 f"server exited with code {server.exit_code()} during the run\n"
                 f"{server.log_tail()}"
             )
-        identity = server_identity(engine, arm, variant, server_info, server)
+        identity = server_identity(server_settings, arm, variant, server_info, server)
         checks = validity_checks(
             arm,
             client,
@@ -167,7 +184,7 @@ def run_arm(
                 provenance["leaked_segments_removed"] = server.leaked_segments
         finally:
             lock.release()
-    metrics.update(experiment=experiment, arm=arm["name"], run=run)
+    metrics.update(experiment=experiment, arm=arm.name, run=run)
     if metrics.get("valid") and inline_images:
         metrics["valid"] = False
         metrics.setdefault("invalid_reasons", []).append(
@@ -186,7 +203,7 @@ def run_arm(
     write_json(paths.metrics, metrics)
     log.info(
         "run %s/%s: valid=%s throughput=%s req/s",
-        arm["name"],
+        arm.name,
         run,
         metrics.get("valid"),
         metrics.get("throughput_rps"),

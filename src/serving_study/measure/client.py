@@ -82,7 +82,7 @@ async def run_load(
     model: str,
     out_path: Path,
     progress: bool,
-    request_timeout_s: float = 3600.0,
+    request_timeout_s: float,
     on_measured_start: Callable[[], None] | None = None,
     on_measured_end: Callable[[], None] | None = None,
 ) -> LoadSummary:

@@ -10,7 +10,8 @@ since when), so a run that waits or fails can say for whom.
 
 Work that takes no lock (anything else on the host) is caught afterwards: a run
 whose measured window saw more than ``max_other_load_cores`` of other load is
-invalid (``host_load`` measures it, ``run_validity`` gives the reason).
+invalid (``host_load`` measures it, ``run_validity`` gives the reason). The
+settings are a ``HostSharing`` record (config/records.py).
 """
 
 from __future__ import annotations
@@ -22,50 +23,18 @@ import logging
 import os
 import stat
 import time
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serving_study.config.platform import PROJECT_ROOT
-from serving_study.config.validation import load_schema
+from serving_study.config.records import HostSharing
 
 log = logging.getLogger(__name__)
 
-SCHEMA = PROJECT_ROOT / "config" / "schema" / "config.schema.yaml"
-LOCK_MODES = ("wait", "fail")
 POLL_S = 0.2
 
 
 class HostBusy(RuntimeError):
     """Another measurement holds the host; the message names it and the setting."""
-
-
-@dataclass(frozen=True)
-class HostSharing:
-    """The config's ``host_sharing`` section (see config.schema.yaml)."""
-
-    lock: str
-    lock_wait_s: float
-    lock_file: Path
-    max_other_load_cores: float
-
-    @classmethod
-    def from_config(cls, section: dict) -> HostSharing:
-        """From a checked config's section; keys it lacks take the schema's
-        defaults (callers that run arms without a config: soak, benchmarks)."""
-        properties = load_schema(SCHEMA)["properties"]["host_sharing"]["properties"]
-        values = {name: spec["default"] for name, spec in properties.items()}
-        values |= section
-        if values["lock"] not in LOCK_MODES:
-            raise ValueError(
-                f"host_sharing.lock {values['lock']!r}: one of {LOCK_MODES}"
-            )
-        return cls(
-            lock=values["lock"],
-            lock_wait_s=float(values["lock_wait_s"]),
-            lock_file=Path(values["lock_file"]),
-            max_other_load_cores=float(values["max_other_load_cores"]),
-        )
 
 
 class MeasurementLock:

@@ -3,11 +3,13 @@
 A run is invalid when any of its measured requests failed or it ran other than
 planned (request counts, dispatch lag), when its server restarted, when the quota,
 environment or code in force were not the arm's, or when other work on the host
-took CPU during its window. Each reason names the numbers behind it.
+took CPU during its window. Each reason names the numbers behind it. The arm is
+the one the run recorded (``Arm.as_config``, its secrets redacted).
 """
 
 import math
 
+from serving_study.config.records import quota_cores
 from serving_study.measure.request_log import completed, measured, values_of
 
 # Quota readings are rounded to whole microseconds per period by the kernel.
@@ -73,7 +75,7 @@ def _restart_reasons(monitors: dict | None, checks: dict) -> list[str]:
 
 def _quota_reasons(monitors: dict | None, arm: dict, checks: dict) -> list[str]:
     reasons = []
-    asked = _quota_cores(arm.get("cpu_quota"))
+    asked = quota_cores(arm.get("cpu_quota"))
     in_force = checks.get("quota_in_force_cores")
     if not _same_quota(asked, in_force):
         reasons.append(
@@ -173,12 +175,6 @@ def _host_load_reasons(monitors: dict | None, checks: dict) -> list[str]:
         f"{allowed:g} (host_sharing.max_other_load_cores): the run did not have "
         "the host to itself"
     ]
-
-
-def _quota_cores(quota) -> float | None:
-    if quota is None or quota == "none":
-        return None
-    return float(quota)
 
 
 def _same_quota(first: float | None, second: float | None) -> bool:

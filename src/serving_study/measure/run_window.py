@@ -9,6 +9,12 @@ import asyncio
 import logging
 from pathlib import Path
 
+from serving_study.config.records import (
+    Arm,
+    ClientSettings,
+    MonitorSettings,
+    ServerSettings,
+)
 from serving_study.measure.arm_server import model_name
 from serving_study.measure.chat_requests import load_requests
 from serving_study.measure.client import run_load
@@ -24,11 +30,11 @@ log = logging.getLogger(__name__)
 def measure(
     base_url: str,
     server: LocalServer,
-    arm: dict,
-    engine: dict,
+    arm: Arm,
+    server_settings: ServerSettings,
     workload_manifest: Path,
-    client: dict,
-    monitors: dict,
+    client: ClientSettings,
+    monitors: MonitorSettings,
     paths: RunPaths,
 ) -> tuple[dict, dict]:
     """Warm-up, then the measured requests inside the monitors' window.
@@ -44,9 +50,9 @@ def measure(
     run_monitors = RunMonitors(
         server.pid,
         server.group,
-        sample_hz=monitors["sample_hz"],
-        thread_sample_hz=monitors["thread_sample_hz"],
-        gpu={"auto": None, "on": True, "off": False}[monitors["gpu"]],
+        sample_hz=monitors.sample_hz,
+        thread_sample_hz=monitors.thread_sample_hz,
+        gpu=monitors.gpu,
         host_load=HostLoadMeter([group for group in own_groups if group]),
     )
     window: dict = {}
@@ -56,22 +62,22 @@ def measure(
         run_monitors.discover()
         log.info(
             "%d warm-up then %d measured requests at concurrency %d",
-            client["warmup_requests"],
-            arm["requests"],
-            arm["concurrency"],
+            client.warmup_requests,
+            arm.requests,
+            arm.concurrency,
         )
         summary = asyncio.run(
             run_load(
                 base_url,
                 chat_requests,
-                concurrency=arm["concurrency"],
-                measured_requests=arm["requests"],
-                warmup_requests=client["warmup_requests"],
-                output_tokens=arm["output_tokens"],
-                model=model_name(engine),
+                concurrency=arm.concurrency,
+                measured_requests=arm.requests,
+                warmup_requests=client.warmup_requests,
+                output_tokens=arm.output_tokens,
+                model=model_name(server_settings),
                 out_path=paths.requests,
                 progress=True,
-                request_timeout_s=client["request_timeout_s"],
+                request_timeout_s=client.request_timeout_s,
                 on_measured_start=run_monitors.start_window,
                 on_measured_end=lambda: window.update(run_monitors.stop_window()),
             )

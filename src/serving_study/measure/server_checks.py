@@ -12,7 +12,7 @@ import os
 import psutil
 
 from serving_study.config.platform import PROJECT_ROOT
-from serving_study.config.secrets import secret_names
+from serving_study.config.records import Arm, ClientSettings, ServerSettings, Variant
 from serving_study.measure.server_log_facts import (
     inline_fallback_reported,
     is_reported,
@@ -22,7 +22,6 @@ from serving_study.measure.server_log_facts import (
 )
 from serving_study.servers.container_runtime import ContainerServer
 from serving_study.servers.environment import redacted_check
-from serving_study.servers.host import quota_cores
 from serving_study.servers.local_runtime import LocalServer
 from serving_study.sources.variants import changed_modules
 
@@ -37,8 +36,8 @@ def environment_seen(pid: int, names) -> dict:
 
 
 def validity_checks(
-    arm: dict,
-    client: dict,
+    arm: Arm,
+    client: ClientSettings,
     server_info: dict,
     window: dict,
     server: LocalServer | ContainerServer,
@@ -49,8 +48,8 @@ def validity_checks(
     host's other load during the window (None: not checked)."""
     quota = server.group.quota_in_force() if server.group else {}
     # The arm's secrets are expected with the runner's values (what it passed on).
-    secrets = secret_names(arm)
-    expected = dict(arm.get("environment", {}))
+    secrets = arm.secret_environment
+    expected = dict(arm.environment)
     expected |= {name: os.environ.get(name) for name in secrets}
     reported = identity.pop("environment_reported", None)
     seen = environment_seen(server.pid, expected)
@@ -58,22 +57,22 @@ def validity_checks(
         seen |= {name: reported.get(name) for name in expected if is_reported(name)}
     expected_record, seen_record = redacted_check(expected, seen, secrets)
     return {
-        "quota_expected_cores": quota_cores(arm),
+        "quota_expected_cores": arm.cpu_quota,
         "quota_in_force_cores": quota.get("cores"),
         "environment_expected": expected_record,
         "environment_seen": seen_record,
         "server_restarted": bool(window.get("server_pids_changed")),
-        "max_dispatch_lag_ms_allowed": client["max_dispatch_lag_ms"],
-        "warmup_requests": client["warmup_requests"],
+        "max_dispatch_lag_ms_allowed": client.max_dispatch_lag_ms,
+        "warmup_requests": client.warmup_requests,
         "max_other_load_cores_allowed": max_other_load_cores,
         **identity,
     }
 
 
 def server_identity(
-    engine: dict,
-    arm: dict,
-    variant: dict,
+    server_settings: ServerSettings,
+    arm: Arm,
+    variant: Variant,
     server_info: dict,
     server: LocalServer | ContainerServer,
 ) -> dict:
@@ -86,11 +85,11 @@ def server_identity(
     is listed under ``not_checked``, never passed silently.
     """
     facts = {
-        "transport_expected": arm["transport"],
-        "mm_utils_sha256_expected": variant["mm_utils_sha256"],
+        "transport_expected": arm.transport,
+        "mm_utils_sha256_expected": variant.mm_utils_sha256,
         "not_checked": [],
     }
-    if engine["engine"] != "sglang":
+    if server_settings.engine != "sglang":
         return facts | {
             "transport_seen": server_info.get("transport"),
             "mm_utils_sha256_loaded": server_info.get("mm_utils_sha256"),
@@ -104,7 +103,7 @@ def server_identity(
     facts |= {
         "patched_modules_never_loaded": [
             module
-            for module in changed_modules(variant, PROJECT_ROOT)
+            for module in changed_modules(variant.identity, PROJECT_ROOT)
             if module not in reported
         ],
         "transport_seen": server_info.get("mm_feature_transport"),

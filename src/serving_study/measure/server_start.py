@@ -10,11 +10,9 @@ import logging
 import os
 from pathlib import Path
 
-from serving_study.config.secrets import secret_names
+from serving_study.config.records import Arm, ClientSettings, ServerSettings, Variant
 from serving_study.measure.arm_server import (
     arm_environment,
-    in_container,
-    quota_cores,
     server_argv,
     sglang_platform,
     shared_compile_cache,
@@ -37,75 +35,78 @@ PORT_ATTEMPTS = 3
 
 
 def new_server(
-    engine: dict,
+    server_settings: ServerSettings,
     argv: list[str],
-    arm: dict,
+    arm: Arm,
     name: str,
     paths: RunPaths,
-    client: dict,
+    client: ClientSettings,
     workload_manifest: Path | None,
-    variant: dict | None = None,
+    variant: Variant | None = None,
 ) -> LocalServer | ContainerServer:
     """The server of one attempt: on this host, or in a container of its image.
 
     A container gets the arm's environment and nothing of the host's.
     """
-    if not in_container(engine):
-        if engine["engine"] == "sglang":
-            shared_compile_cache(engine)
+    sglang = server_settings.engine == "sglang"
+    if not server_settings.in_container:
+        if sglang:
+            shared_compile_cache(server_settings)
         return LocalServer(
             argv,
-            server_environment(os.environ, arm_environment(engine, arm, variant)),
-            quota_cores(arm),
+            server_environment(
+                os.environ, arm_environment(server_settings, arm, variant)
+            ),
+            arm.cpu_quota,
             name,
             paths.server_log,
-            quota_during_startup=client["quota_during_startup"],
-            quota_scope=arm.get("quota_scope", "server"),
-            terminate_leader_only=engine["engine"] == "sglang",
+            quota_during_startup=client.quota_during_startup,
+            quota_scope=arm.quota_scope,
+            terminate_leader_only=sglang,
         )
     mounts, writable_mounts = [], []
-    if engine["engine"] == "sglang":
+    if sglang:
         source, mounted_at, _ = model_mount(
-            engine["sglang"]["model"], engine["model_host_path"]
+            server_settings.sglang["model"], server_settings.model_host_path
         )
         mounts.append((source, mounted_at))
-        writable_mounts.append(shared_compile_cache(engine))
+        writable_mounts.append(shared_compile_cache(server_settings))
     return ContainerServer(
         argv,
-        arm_environment(engine, arm),
-        quota_cores(arm),
+        arm_environment(server_settings, arm),
+        arm.cpu_quota,
         name,
         paths.server_log,
-        quota_during_startup=client["quota_during_startup"],
-        image=read_image_id(engine["image_id_file"]),
-        runtime=engine["runtime"],
+        quota_during_startup=client.quota_during_startup,
+        image=read_image_id(server_settings.image_id_file),
+        runtime=server_settings.runtime,
         read_only_mounts=mounts,
         writable_mounts=writable_mounts,
-        passed_environment=secret_names(arm),
+        passed_environment=arm.secret_environment,
         **container_options(
-            engine["container"],
-            sglang_platform(engine) if engine["engine"] == "sglang" else None,
-            arm["concurrency"],
+            server_settings.container,
+            sglang_platform(server_settings) if sglang else None,
+            arm.concurrency,
             workload_manifest,
         ),
     )
 
 
 def start_healthy_server(
-    engine: dict,
-    variant: dict,
-    arm: dict,
+    server_settings: ServerSettings,
+    variant: Variant,
+    arm: Arm,
     group_name: str,
     paths: RunPaths,
-    client: dict,
+    client: ClientSettings,
     workload_manifest: Path | None = None,
 ) -> tuple[LocalServer | ContainerServer, str]:
     """Start the server on a free port and wait for /health; retry a lost port race."""
     for attempt in range(1, PORT_ATTEMPTS + 1):
         port = free_port()
         server = new_server(
-            engine,
-            server_argv(engine, variant, arm, port),
+            server_settings,
+            server_argv(server_settings, variant, arm, port),
             arm,
             f"{group_name}-try{attempt}",
             paths,
@@ -117,10 +118,10 @@ def start_healthy_server(
         try:
             server.start()
             wait_until_healthy(
-                base_url, client["health_timeout_s"], process=server.process
+                base_url, client.health_timeout_s, process=server.process
             )
             server.settle_after_start()
-            if not client["quota_during_startup"]:
+            if not client.quota_during_startup:
                 server.apply_quota()
             return server, base_url
         except ServerNeverHealthy as error:

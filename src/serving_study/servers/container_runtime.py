@@ -92,7 +92,7 @@ class ContainerServer:
         quota_cores: float | None,
         group_name: str,
         log_path: Path,
-        quota_during_startup: bool = True,
+        quota_during_startup: bool,
         *,
         image: str,
         runtime: str = "docker",

@@ -17,6 +17,7 @@ from importlib import metadata
 from pathlib import Path
 
 from serving_study.config.prescription import prescription
+from serving_study.config.records import quota_cores as cpu_quota_cores
 from serving_study.config.secrets import describe_missing, missing_secrets
 from serving_study.servers.environment import server_environment
 
@@ -159,7 +160,8 @@ def container_runtimes() -> dict:
 
 
 def quota_cores(arm: dict) -> float | None:
-    return None if arm["cpu_quota"] == "none" else float(arm["cpu_quota"])
+    """The quota of an arm as the config gives it (``Arm.as_config``), in cores."""
+    return cpu_quota_cores(arm["cpu_quota"])
 
 
 def arm_thread_plan(arms: list[dict], fixes_tables: list[Path] = ()) -> list[dict]:

@@ -93,7 +93,7 @@ class LocalServer:
         quota_cores: float | None,
         group_name: str,
         log_path: Path,
-        quota_during_startup: bool = True,
+        quota_during_startup: bool,
         quota_scope: str = "server",
         terminate_leader_only: bool = False,
     ):

@@ -11,6 +11,7 @@ The model is mounted read-only into the container at ``/models/<name>``; the ser
 never reaches the Hugging Face Hub (``HF_HUB_OFFLINE=1``).
 """
 
+from collections.abc import Mapping
 from pathlib import PurePosixPath
 
 from serving_study.config.platform import (
@@ -18,7 +19,7 @@ from serving_study.config.platform import (
     SGLangPlatform,
     compile_cache,
 )
-from serving_study.config.secrets import secret_names
+from serving_study.config.records import Arm
 from serving_study.config.server_arguments import server_argument_conflicts
 from serving_study.servers.container_commands import container_name, run_command
 from serving_study.sources.images import image_tag
@@ -56,14 +57,14 @@ def model_mount(model: str, model_host_path: str) -> tuple[str, str, str]:
     return str(host_path), mounted_at, mounted_at
 
 
-def served_model_name(sglang_settings: dict) -> str:
+def served_model_name(sglang_settings: Mapping) -> str:
     """The name clients send as ``model``; the Hub id unless config names another."""
     return sglang_settings.get("served_model_name") or sglang_settings["model"]
 
 
 def sglang_server_arguments(
-    arm: dict,
-    sglang_settings: dict,
+    arm: Arm,
+    sglang_settings: Mapping,
     model_path: str,
     port: int,
     platform: SGLangPlatform,
@@ -71,16 +72,15 @@ def sglang_server_arguments(
 ) -> list[str]:
     """The arguments after ``python -m sglang.launch_server`` for one arm.
 
-    ``arm`` is one record of the config's ``arms`` (``transport``, ``server_args``);
     ``sglang_settings`` is the config's ``sglang`` section with the schema's
-    defaults filled in; ``model_path`` is the model as the server sees it (the
-    container path when the server runs in a container); ``platform`` adds what
-    the device needs; ``model_flags`` what the model snapshot needs
-    (``model_flags()``).
+    defaults filled in (``ServerSettings.sglang`` holds what a server reads of
+    it); ``model_path`` is the model as the server sees it (the container path
+    when the server runs in a container); ``platform`` adds what the device
+    needs; ``model_flags`` what the model snapshot needs (``model_flags()``).
     """
     arguments = ["--model-path", model_path, "--host", "127.0.0.1"]
     arguments += list(platform.server_flags) + list(model_flags)
-    arguments += ["--port", str(port), "--mm-feature-transport", arm["transport"]]
+    arguments += ["--port", str(port), "--mm-feature-transport", arm.transport]
     if sglang_settings["disable_radix_cache"]:
         arguments.append("--disable-radix-cache")
     arguments += [
@@ -95,10 +95,10 @@ def sglang_server_arguments(
             arguments += [flag, str(sglang_settings[key])]
     arguments += ["--served-model-name", served_model_name(sglang_settings)]
     extra = list(sglang_settings.get("extra_server_args", []))
-    arm_arguments = list(arm.get("server_args", []))
+    arm_arguments = list(arm.server_args)
     conflicts = server_argument_conflicts(extra, "sglang.extra_server_args")
     conflicts += server_argument_conflicts(
-        arm_arguments, f"arms[{arm['name']}].server_args"
+        arm_arguments, f"arms[{arm.name}].server_args"
     )
     if conflicts:
         raise ServerArgumentConflict("; ".join(conflicts))
@@ -106,8 +106,8 @@ def sglang_server_arguments(
 
 
 def sglang_server_argv(
-    arm: dict,
-    sglang_settings: dict,
+    arm: Arm,
+    sglang_settings: Mapping,
     model_path: str,
     port: int,
     platform: SGLangPlatform,
@@ -136,7 +136,7 @@ def model_flags(load_format: str | None, dtype: str | None) -> tuple[str, ...]:
 
 
 def sglang_server_environment(
-    arm: dict, sglang_settings: dict, platform: SGLangPlatform, in_container: bool
+    arm: Arm, sglang_settings: Mapping, platform: SGLangPlatform, in_container: bool
 ) -> dict[str, str]:
     """The environment variables the server gets from config: the caches that are
     environment-only in SGLang, offline Hub access, the shared compile cache, what
@@ -148,15 +148,15 @@ def sglang_server_environment(
         COMPILE_CACHE_VARIABLE: compile_cache(platform, in_container)[1],
         **platform.environment,
     }
-    environment.update(arm.get("environment", {}))
+    environment.update(arm.environment)
     return environment
 
 
 def arm_launch_commands(
     *,
     experiment: str,
-    arm: dict,
-    sglang_settings: dict,
+    arm: Arm,
+    sglang_settings: Mapping,
     runtime: str,
     model_host_path: str,
     quota_during_startup: bool,
@@ -182,17 +182,17 @@ def arm_launch_commands(
     environment = sglang_server_environment(
         arm, sglang_settings, platform, in_container
     )
-    quota_cores = None if arm["cpu_quota"] == "none" else float(arm["cpu_quota"])
+    quota_cores = arm.cpu_quota
     container_argv = None
     if in_container:
         container_argv = run_command(
             runtime=runtime,
-            image=image_tag(image_engine(platform), arm["variant"]),
+            image=image_tag(image_engine(platform), arm.variant),
             command=server_argv,
-            name=container_name(f"{experiment}-{arm['name']}"),
-            label=f"{experiment}-{arm['name']}",
+            name=container_name(f"{experiment}-{arm.name}"),
+            label=f"{experiment}-{arm.name}",
             environment=environment,
-            passed_environment=secret_names(arm),
+            passed_environment=arm.secret_environment,
             quota_cores=quota_cores if quota_during_startup else None,
             shm_size=None,
             ipc_host=True,
@@ -202,9 +202,9 @@ def arm_launch_commands(
         )
     return {
         "experiment": experiment,
-        "arm": arm["name"],
-        "variant": arm["variant"],
-        "transport": arm["transport"],
+        "arm": arm.name,
+        "variant": arm.variant,
+        "transport": arm.transport,
         "device": platform.device,
         "port": port,
         "quota_cores": quota_cores,
@@ -213,7 +213,7 @@ def arm_launch_commands(
         "container_argv": container_argv,
         "environment": environment,
         # Passed by name from the runner's environment; no value is written.
-        "secret_environment": list(secret_names(arm)),
+        "secret_environment": list(arm.secret_environment),
         "model": {
             "name": model,
             "revision": sglang_settings.get("model_revision"),

@@ -15,7 +15,8 @@ kinds keep only the package's ``.py`` files (compiled extensions and data files 
 in the wheel). A fetched archive is kept in ``dest/archive/``.
 
 ``dest/source.json`` records the identity (kind, name, archive sha256 or commit, and a
-sha256 over the laid-out tree). Nothing half-done is ever left at ``dest``: the tree is
+sha256 over the laid-out tree), ``dest/files.json`` the sha256 of every file, checked
+whenever the tree is reused. Nothing half-done is ever left at ``dest``: the tree is
 built in a staging directory beside it and renamed into place at the end.
 """
 
@@ -40,16 +41,19 @@ from serving_study.sources.package_extraction import (
     package_directory,
 )
 from serving_study.sources.pypi_source import fetch_pypi_source
+from serving_study.sources.recorded_files import file_digests, require_unchanged
 from serving_study.sources.source_errors import SourceUnavailable
 
 IDENTITY_FILE = "source.json"
+FILES_RECORD = "files.json"
 
 
 def fetch_source(record: dict, dest: Path, download_dir: Path | None = None) -> dict:
     """Lay out the source named by ``record`` at ``dest`` and return its identity.
 
     When ``dest`` already holds a tree fetched from the same pinned record (pypi or
-    git), that tree's identity is returned without fetching again; a local path,
+    git), that tree's identity is returned without fetching again, once every file
+    is found as recorded (RecordedFileChanged names one that is not); a local path,
     which may have changed, is always copied afresh. ``download_dir`` is an optional
     cache of downloaded wheels: a compatible wheel found there is used without the
     network, and a freshly downloaded one is stored there.
@@ -59,7 +63,21 @@ def fetch_source(record: dict, dest: Path, download_dir: Path | None = None) -> 
     if download_dir is not None:
         download_dir = Path(download_dir).absolute()
     cached = read_identity(dest)
-    if cached is not None and cached.get("record") == record and "path" not in record:
+    # A tree fetched before its files were recorded is fetched again.
+    recorded = dest / FILES_RECORD
+    if (
+        cached is not None
+        and cached.get("record") == record
+        and "path" not in record
+        and recorded.is_file()
+    ):
+        require_unchanged(
+            dest,
+            json.loads(recorded.read_text()),
+            _tree_files(dest),
+            remove=dest,
+            again="fetch it again",
+        )
         return cached
 
     if "pypi" in record:
@@ -85,7 +103,13 @@ def fetch_source(record: dict, dest: Path, download_dir: Path | None = None) -> 
             "fetched_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         write_json(staging / IDENTITY_FILE, identity)
+        write_json(staging / FILES_RECORD, _tree_files(staging))
     return identity
+
+
+def _tree_files(tree: Path) -> dict[str, str]:
+    """The sha256 of every file of a fetched tree but its two records."""
+    return file_digests(tree, leave_out=(IDENTITY_FILE, FILES_RECORD))
 
 
 def read_identity(tree: Path) -> dict | None:

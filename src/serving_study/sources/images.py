@@ -33,6 +33,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from serving_study.sources.wheelhouse import require_wheelhouse_unchanged
+
 # The image kinds, each the suffix of its Dockerfile (envs/Dockerfile.<kind>) and
 # the engine part of its tag; sglang-cpu is engine sglang on a CPU host.
 ENGINES = ("embedded", "sglang", "sglang-cpu")
@@ -175,12 +177,13 @@ def assemble_context(
 
 def _link_wheelhouse(engine: str, wheelhouse: Path | None, target: Path) -> None:
     """The wheels and the requirements (and constraints) files, without the
-    manifest."""
+    manifest, once each is found as the manifest recorded it."""
     if wheelhouse is None or not (Path(wheelhouse) / "requirements.txt").is_file():
         raise ImageBuildFailed(
             f"the {engine} image needs a wheelhouse with requirements.txt; "
             f"{wheelhouse} has none (rule {WHEELHOUSE_RULES[engine]} makes it)"
         )
+    require_wheelhouse_unchanged(Path(wheelhouse))
     target.mkdir()
     for path in Path(wheelhouse).iterdir():
         if path.suffix in (".whl", ".txt"):

@@ -5,7 +5,9 @@ the Hub model (``sglang.model``) at a pinned commit (``sglang.model_revision``),
 which is downloaded with huggingface_hub (in the workflow into
 ``resources/models/<name>/snapshot/``; an interrupted download resumes). Either way
 the result is a record of where the snapshot is, which commit it is, and the sha256
-of every file, so a run can name exactly the weights it served.
+of every file, so a run can name exactly the weights it served. A download keeps
+that list of files beside huggingface_hub's bookkeeping, and a later run that
+reuses the download finds every file as listed or stops, naming the one that is not.
 
 A gated model needs ``HF_TOKEN`` in the environment; huggingface_hub reads it from
 there. This module never reads, logs or writes it.
@@ -16,13 +18,16 @@ import re
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serving_study.sources.files import file_sha256
+from serving_study.sources.files import file_sha256, write_json
+from serving_study.sources.recorded_files import require_unchanged
 
 REQUIRED_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json")
 WEIGHT_INDEX = "model.safetensors.index.json"
 COMMIT = re.compile(r"[0-9a-f]{40}")
 # huggingface_hub keeps its download bookkeeping here inside a local_dir.
 HUB_BOOKKEEPING = ".cache"
+# The files of a download as they were first recorded, kept with the bookkeeping.
+RECORDED_FILES = f"{HUB_BOOKKEEPING}/serving-study-files.json"
 HUGGINGFACE_HUB_PIN = "huggingface_hub==2.4.0"
 
 
@@ -64,6 +69,8 @@ def ensure_model_snapshot(sglang_settings: dict, download_directory: Path) -> di
         require_complete(path, "the downloaded snapshot")
         commit = revision
     files = snapshot_files(path)
+    if origin == "hub":
+        _require_as_recorded(path, model, revision, files)
     return {
         "model": model,
         "revision": revision,
@@ -161,6 +168,25 @@ def download_snapshot(model: str, revision: str, destination: Path) -> Path:
             "sglang.model_path to a local snapshot of the model; for a gated model "
             "export HF_TOKEN."
         ) from error
+
+
+def _require_as_recorded(
+    path: Path, model: str, revision: str, files: dict[str, str]
+) -> None:
+    """Compare a download's files with those recorded when this very model and
+    revision were first downloaded there (RecordedFileChanged names a file that
+    differs); record them when nothing was."""
+    record = path / RECORDED_FILES
+    pin = {"model": model, "revision": revision}
+    if record.is_file():
+        recorded = json.loads(record.read_text())
+        if {key: recorded.get(key) for key in pin} == pin:
+            require_unchanged(
+                path, recorded["files"], files, remove=path, again="download it again"
+            )
+            return
+    record.parent.mkdir(parents=True, exist_ok=True)
+    write_json(record, pin | {"files": files})
 
 
 def snapshot_files(path: Path) -> dict[str, str]:

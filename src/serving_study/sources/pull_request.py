@@ -28,12 +28,13 @@ class PullRequestDiff:
 
 
 def fetch_pull_request_diff(
-    git_url: str, number: int, base_commit: str
+    git_url: str, number: int, base_commit: str, pinned_head: str | None = None
 ) -> PullRequestDiff:
     """Fetch pull request ``number`` and diff it against its merge base with a commit.
 
     Only the ``python/`` folder is diffed, the part of the repository a source tree
-    holds. The head commit is recorded because a pull request's head moves.
+    holds. The head commit is recorded because a pull request's head moves; with
+    ``pinned_head`` (a full sha) a head that has moved is refused.
     """
     where = f"pull request #{number} of {git_url}"
     pull_ref = f"refs/pull/{number}/head"
@@ -78,6 +79,13 @@ def fetch_pull_request_diff(
                 timeout=GIT_FETCH_TIMEOUT_S,
             )
         head = run_git(["rev-parse", pull_ref], repository).stdout.strip()
+        if pinned_head is not None and head != pinned_head:
+            raise SourceMismatch(
+                f"{where}: its head is commit {head}, but the config pins "
+                f"{pinned_head} (pull_request_head). The pull request has moved "
+                "since it was pinned: read what changed, then pin the new head, or "
+                "keep the pinned change as a patch file under envs/patches/."
+            )
         merge_base = try_git(["merge-base", base_commit, head], repository)
         if merge_base.returncode != 0:
             raise SourceMismatch(

@@ -1,7 +1,10 @@
 """Fetching a pinned SGLang release from PyPI: the wheel pip picks for this Python.
 
-A wheel cached in the download folder is tried first, without the network, and a
-freshly downloaded one is kept there.
+A release has one wheel per Python version and platform, so the config pins it by
+one sha256 or by a list of them (``pypi.sha256``), as pip's repeated ``--hash``
+does: the wheel pip picks must have one of them. A wheel cached in the download
+folder is tried first, without the network, and a freshly downloaded one is kept
+there.
 """
 
 from __future__ import annotations
@@ -32,13 +35,21 @@ def fetch_pypi_source(record: dict, staging: Path, download_dir: Path | None) ->
     archive_dir.mkdir()
     wheel = _download_wheel(record["name"], package, version, archive_dir, download_dir)
     digest = file_sha256(wheel)
-    expected = pin.get("sha256")
-    if expected and digest != expected.lower():
+    pinned = pinned_digests(pin)
+    if pinned and digest not in pinned:
+        cached = ""
+        if download_dir is not None and (Path(download_dir) / wheel.name).is_file():
+            cached = (
+                f" If the cached {Path(download_dir) / wheel.name} is the one that "
+                "changed, remove it to download the wheel again."
+            )
         raise SourceMismatch(
-            f"source {record['name']!r}: {wheel.name} has sha256 {digest}, but the "
-            f"config pins {expected}. A sha256 pins one wheel file, and wheels differ "
-            "per Python version and platform: pin the sha256 of the wheel for this "
-            f"Python ({sys.version.split()[0]}), or drop the pin."
+            f"source {record['name']!r}: {wheel.name} has sha256 {digest}, which is "
+            f"not among the sha256 the config pins for {package} {version}: "
+            f"{', '.join(pinned)}. Each wheel of a release (one per Python version "
+            "and platform) has its own sha256: add the one of the wheel for this "
+            f"Python ({sys.version.split()[0]}) from PyPI's index, or drop the pin."
+            + cached
         )
     if download_dir is not None:
         _keep_in_cache(wheel, Path(download_dir))
@@ -50,6 +61,14 @@ def fetch_pypi_source(record: dict, staging: Path, download_dir: Path | None) ->
         "file": wheel.name,
         "sha256": digest,
     }
+
+
+def pinned_digests(pin: dict) -> list[str]:
+    """The sha256 a ``pypi`` pin accepts (lower case), from one digest or a list."""
+    pinned = pin.get("sha256") or []
+    return [
+        digest.lower() for digest in ([pinned] if isinstance(pinned, str) else pinned)
+    ]
 
 
 def _download_wheel(

@@ -8,7 +8,8 @@ lock (``stand-in/``). The venv is built in ``venv.partial-<pid>`` and renamed to
 ``venv`` only once pip succeeded; its record (``venv/runtime.json``, copied to
 ``runtime.json`` beside it) is written last, so a half-built venv never counts. A
 later call with the same lock (by sha256) reuses the venv as long as its Python
-still runs.
+still runs and its files are as ``venv/files.json`` recorded them after the install
+(a venv built before files were recorded has them recorded on its first reuse).
 """
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import shutil
 import subprocess
 import sys
@@ -28,9 +28,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from serving_study.sources.files import file_sha256, write_json
-from serving_study.sources.wheelhouse import canonical_name
+from serving_study.sources.hashed_lock import LockNotClosed, read_hashed_lock
+from serving_study.sources.recorded_files import file_digests, require_unchanged
 
 RECORD = "runtime.json"
+FILES_RECORD = "files.json"
 VENV = "venv"
 PARTIAL_PREFIX = "venv.partial-"
 # The lock holds cp311 wheels (torch's among them).
@@ -52,7 +54,6 @@ VERSIONS_SCRIPT = (
     "print(json.dumps({'python_version': '%d.%d.%d' % sys.version_info[:3],\n"
     "    'packages': {name: version(name) for name in sys.argv[1:]}}))\n"
 )
-PINNED_LINE = re.compile(r"^(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)==(?P<version>\S+)$")
 
 
 class RuntimeBuildError(RuntimeError):
@@ -61,33 +62,19 @@ class RuntimeBuildError(RuntimeError):
 
 
 def read_lock(lock_file: Path) -> dict[str, str]:
-    """Canonical name -> version for each line of a closed lock.
-
-    Only ``name==version`` lines, comments and blank lines are allowed: a lock that
-    needs pip to resolve anything (a range, an option, a marker) is not closed.
-    sglang itself must not be in it (the variant's tree provides it).
-    """
-    pins: dict[str, str] = {}
-    for number, line in enumerate(Path(lock_file).read_text().splitlines(), 1):
-        requirement = line.split("#", 1)[0].strip()
-        if not requirement:
-            continue
-        match = PINNED_LINE.match(requirement)
-        if match is None:
-            raise RuntimeBuildError(
-                f"{lock_file}:{number}: {requirement!r} is not pinned as name==version;"
-                " the lock must list every package exactly (pip freeze of a working"
-                " venv)"
-            )
-        pins[canonical_name(match["name"])] = match["version"]
-    if "sglang" in pins:
+    """Canonical name -> version of every package of a closed, hashed lock
+    (``hashed_lock``); sglang itself must not be in it (the variant's tree provides
+    it)."""
+    try:
+        packages = read_hashed_lock(Path(lock_file).read_text(), str(lock_file))
+    except LockNotClosed as error:
+        raise RuntimeBuildError(str(error)) from None
+    if "sglang" in packages:
         raise RuntimeBuildError(
             f"{lock_file}: sglang is pinned in the lock; remove it (the variant's"
             " source tree on PYTHONPATH provides sglang)"
         )
-    if not pins:
-        raise RuntimeBuildError(f"{lock_file}: the lock lists no packages")
-    return pins
+    return {name: package.version for name, package in packages.items()}
 
 
 def runtime_record(dest: Path) -> dict:
@@ -130,6 +117,7 @@ def ensure_sglang_runtime(
     _remove_dead_partials(dest)
     record = _reusable_record(dest, lock_sha256)
     if record is not None:
+        _require_files_as_recorded(dest / VENV, progress)
         progress(f"reusing {dest / VENV} (lock sha256 {lock_sha256[:12]})")
     else:
         record = _build(lock_file, lock_sha256, pins, stand_in, dest, progress)
@@ -192,6 +180,7 @@ def _build(
         "stand_in": str(stand_in),
         "built_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+    _write_json_atomically(venv / FILES_RECORD, _venv_files(venv))
     _write_json_atomically(venv / RECORD, record)
     progress(f"built {venv}: {len(pins)} packages, {_tree_bytes(venv) / 1e9:.2f} GB")
     return record
@@ -210,6 +199,29 @@ def _reusable_record(dest: Path, lock_sha256: str) -> dict | None:
     if _installed_versions(python, []) is None:
         return None
     return record
+
+
+def _require_files_as_recorded(venv: Path, progress: Callable[[str], None]) -> None:
+    """Raise RecordedFileChanged naming a file of ``venv`` that is not as recorded
+    after its install; record them if the venv predates such records."""
+    recorded = venv / FILES_RECORD
+    found = _venv_files(venv)
+    if not recorded.is_file():
+        progress(f"{venv} predates its record of files: recording {len(found)} now")
+        _write_json_atomically(recorded, found)
+        return
+    require_unchanged(
+        venv,
+        json.loads(recorded.read_text()),
+        found,
+        remove=venv,
+        again="build it again",
+    )
+
+
+def _venv_files(venv: Path) -> dict[str, str]:
+    """The sha256 of every file of the venv but its records (bytecode left out)."""
+    return file_digests(venv, leave_out=(RECORD, FILES_RECORD))
 
 
 def _write_json_atomically(path: Path, value: dict) -> None:
@@ -251,6 +263,7 @@ def _install_lock(
         "install",
         "--require-virtualenv",
         "--no-deps",
+        "--require-hashes",
         "--only-binary=:all:",
         "--no-input",
         "--disable-pip-version-check",

@@ -12,11 +12,14 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from serving_study.config.schema import property_schema
+
 MODEL_NAME = "tiny-qwen3-vl"
 # Part of the directory hash: bump it whenever the files written for the same settings
 # change, so an old directory is never taken for the new layout.
 GENERATOR_VERSION = 1
 DTYPES = ("float32", "bfloat16")
+DEFAULT_DTYPE = property_schema("sglang", "tiny_model", "dtype")["default"]
 CONFIG_KEYS = (
     "seed",
     "dtype",
@@ -47,7 +50,7 @@ class TinyModelSettings:
     """
 
     seed: int
-    dtype: str = "bfloat16"
+    dtype: str = DEFAULT_DTYPE
     text_hidden_size: int = 64
     text_layers: int = 2
     vision_hidden_size: int = 64

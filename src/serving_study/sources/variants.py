@@ -1,8 +1,11 @@
 """Build one code variant: a fetched SGLang source, copied, with one change applied.
 
 A variant record names its source and at most one change, either a patch file of ours
-or (for a git source) an upstream pull request:
-``{"name": "patched", "source": "sglang-0.5.23", "patch": "envs/patches/x.patch"}``.
+or (for a git source) an upstream pull request pinned to its head commit:
+``{"name": "patched", "source": "sglang-0.5.23", "patch": "envs/patches/x.patch"}``,
+``{"name": "pr", "source": "upstream", "pull_request": 7, "pull_request_head":
+"<40 hex>"}``. A pull request without a pinned head is applied as it stands, with a
+warning that names the head to pin.
 The variant tree keeps the source's layout, ``dest/python/sglang/...``; its files are
 hard links into the source tree, except those the change touches, which get their own
 copies first. Its identity records exactly what went into it, down to the sha256 of
@@ -12,6 +15,7 @@ copies first. Its identity records exactly what went into it, down to the sha256
 from __future__ import annotations
 
 import compileall
+import logging
 import os
 import re
 import shutil
@@ -21,6 +25,8 @@ from pathlib import Path
 
 from serving_study.sources.files import file_sha256, staged_directory
 from serving_study.sources.pull_request import fetch_pull_request_diff
+
+logger = logging.getLogger(__name__)
 
 TRANSPORT_MODULE = Path("python/sglang/srt/managers/mm_utils.py")
 # A changed Python file in a unified diff of the repository's layout.
@@ -102,9 +108,23 @@ def prepare_variant(
                 "sha256": file_sha256(patch_path),
             }
         if pull_request is not None:
+            pinned_head = variant.get("pull_request_head")
             diff = fetch_pull_request_diff(
-                source_identity["url"], pull_request, source_identity["commit"]
+                source_identity["url"],
+                pull_request,
+                source_identity["commit"],
+                pinned_head=pinned_head,
             )
+            if pinned_head is None:
+                logger.warning(
+                    "variant %r: pull request #%d is not pinned to a head commit, "
+                    "so its head as it stands now, %s, was applied; pin it with "
+                    "pull_request_head: %s",
+                    name,
+                    pull_request,
+                    diff.head_commit,
+                    diff.head_commit,
+                )
             diff_path = staging / f"pull-request-{pull_request}.patch"
             diff_path.write_text(diff.text)
             apply_patch(diff_path, staging, shown_as=f"pull request #{pull_request}")
@@ -112,6 +132,7 @@ def prepare_variant(
                 "number": pull_request,
                 "url": diff.url,
                 "head_commit": diff.head_commit,
+                "pinned_head": pinned_head,
                 "merge_base": diff.merge_base,
                 "file": diff_path.name,
                 "sha256": file_sha256(diff_path),

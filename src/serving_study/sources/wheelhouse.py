@@ -5,7 +5,9 @@ multi-GB CUDA build, and GPU clusters are often air-gapped; so the host download
 the wheels once with ``pip download`` and the image installs them with
 ``pip install --no-index --find-links``. The wheels are chosen for the image's
 Python and glibc (Debian bookworm: CPython 3.11, glibc 2.36), not the host's.
-``wheelhouse.json`` lists every wheel's sha256. Two kinds of requirements:
+``wheelhouse.json`` lists every wheel's sha256, and ``files`` the sha256 of every
+file the image takes (wheels, requirements, constraints), checked when an image's
+build context takes them. Two kinds of requirements:
 
 * open (the embedded engine's ``envs/embedded-requirements.txt``): the wheels and
   their dependencies; dependencies the requirements do not pin are held at the
@@ -21,6 +23,7 @@ Python and glibc (Debian bookworm: CPython 3.11, glibc 2.36), not the host's.
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -30,6 +33,14 @@ from importlib import metadata
 from pathlib import Path
 
 from serving_study.sources.files import file_sha256, staged_directory
+from serving_study.sources.hashed_lock import (
+    LockNotClosed,
+    canonical_name,
+    read_hashed_lock,
+)
+from serving_study.sources.recorded_files import file_digests, require_unchanged
+
+logger = logging.getLogger(__name__)
 
 # Never constrained: the package itself (installed from the build context).
 NOT_CONSTRAINED = ("serving-study",)
@@ -42,10 +53,6 @@ MANIFEST = "wheelhouse.json"
 
 class WheelhouseFailed(RuntimeError):
     """The wheels could not be downloaded as asked; the message says why."""
-
-
-def canonical_name(name: str) -> str:
-    return re.sub(r"[-_.]+", "-", name).lower()
 
 
 def manylinux_platforms(glibc_version: str, machine: str = "x86_64") -> list[str]:
@@ -88,25 +95,15 @@ def constraints_from(versions: dict[str, str]) -> list[str]:
 
 
 def lock_pins(lock_lines: list[str]) -> dict[str, str]:
-    """Canonical name -> version of each line of a closed lock; every requirement
-    must be pinned with ``==`` (comments, blank lines and pip options are skipped)."""
-    pins: dict[str, str] = {}
-    unpinned = []
-    for line in lock_lines:
-        requirement = line.split("#", 1)[0].strip().rstrip("\\").strip()
-        if not requirement or requirement.startswith("-"):
-            continue
-        name, separator, version = requirement.split(";", 1)[0].partition("==")
-        if not separator or not version.strip():
-            unpinned.append(requirement)
-            continue
-        pins[canonical_name(name.split("[", 1)[0].strip())] = version.split()[0]
-    if unpinned or not pins:
+    """Canonical name -> version of each package of a closed, hashed lock
+    (``hashed_lock``)."""
+    try:
+        packages = read_hashed_lock("\n".join(lock_lines), "the lock")
+    except LockNotClosed as error:
         raise WheelhouseFailed(
-            "a closed lock pins every package with ==; "
-            + (f"these are not: {', '.join(unpinned)}" if unpinned else "it is empty")
-        )
-    return pins
+            f"a closed lock pins and hashes each package: {error}"
+        ) from None
+    return {name: package.version for name, package in packages.items()}
 
 
 def wheel_name(wheel: Path) -> str:
@@ -133,7 +130,7 @@ def download_command(
         command += ["--platform", platform]
     command += ["--requirement", str(requirements_file)]
     if constraints_file is None:
-        return command + ["--no-deps"]
+        return command + ["--no-deps", "--require-hashes"]
     return command + ["--constraint", str(constraints_file)]
 
 
@@ -197,10 +194,38 @@ def make_wheelhouse(
                 for wheel in wheels
                 for size in [wheel.stat().st_size]
             ],
+            "files": wheelhouse_files(staging),
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return manifest
+
+
+def wheelhouse_files(wheelhouse: Path) -> dict[str, str]:
+    """The sha256 of every file of a wheelhouse but its manifest."""
+    return file_digests(wheelhouse, leave_out=(MANIFEST,))
+
+
+def require_wheelhouse_unchanged(wheelhouse: Path) -> None:
+    """Raise RecordedFileChanged naming a file of ``wheelhouse`` that is not as its
+    manifest recorded it (changed, added or removed since)."""
+    wheelhouse = Path(wheelhouse)
+    manifest = json.loads((wheelhouse / MANIFEST).read_text())
+    if "files" not in manifest:
+        logger.warning(
+            "%s was made before its files were recorded, so they are not checked; "
+            "remove %s to download it again",
+            wheelhouse / MANIFEST,
+            wheelhouse,
+        )
+        return
+    require_unchanged(
+        wheelhouse,
+        manifest["files"],
+        wheelhouse_files(wheelhouse),
+        remove=wheelhouse,
+        again="download it again",
+    )
 
 
 def refuse_cuda_wheels(wheels: list[Path]) -> None:

@@ -45,6 +45,14 @@ from serving_study.analysis.release_change import (
     false_alarm_chance,
 )
 from serving_study.analysis.summaries import arms_table, runs_table
+from serving_study.config.records import (
+    Arm,
+    ClientSettings,
+    HostSharing,
+    MonitorSettings,
+    ServerSettings,
+    Variant,
+)
 from serving_study.engine.shm_loader import VariantSourceError, load_variant_transport
 from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.run_outputs import RunPaths
@@ -215,12 +223,13 @@ class ProbeSettings:
 
     experiment: str
     repository: str
-    arm: dict
+    arm: Arm
     runs: int
     workload_manifest: Path
-    engine: dict
-    client: dict
-    monitors: dict
+    server_settings: ServerSettings
+    client: ClientSettings
+    monitors: MonitorSettings
+    sharing: HostSharing
     criterion: ChangeCriterion
     sources_dir: Path
     probes_dir: Path
@@ -235,24 +244,25 @@ def measure_commit(commit: str, role: str, settings: ProbeSettings) -> Measureme
     # Absolute: fetch_source runs git in a directory of its own.
     source_tree = settings.sources_dir.resolve() / commit
     source_identity = fetch_source(record, source_tree)
-    variant = prepare_variant(
+    identity = prepare_variant(
         {"name": name, "source": name},
         source_tree=source_tree,
         source_identity=source_identity,
         patch_path=None,
         dest=probe_dir / "variant",
     )
-    (probe_dir / "variant.json").write_text(json.dumps(variant, indent=2) + "\n")
+    (probe_dir / "variant.json").write_text(json.dumps(identity, indent=2) + "\n")
+    variant = Variant.from_identity(identity)
     details = {"variant": str(probe_dir / "variant.json"), "runs_dir": str(probe_dir)}
     try:
-        load_variant_transport(Path(variant["sglang_python_root"]))
+        load_variant_transport(Path(variant.sglang_python_root))
     except VariantSourceError as error:
         log.error("commit %s cannot be loaded: %s", commit, error)
         return Measurement(
             Spread.of_values([]), {**details, "unmeasurable": str(error)}
         )
 
-    arm = {**settings.arm, "name": name, "variant": name, "runs": settings.runs}
+    arm = replace(settings.arm, name=name, variant=name)
     records = []
     for run in range(1, settings.runs + 1):
         run_dir = probe_dir / f"run{run}"
@@ -265,9 +275,10 @@ def measure_commit(commit: str, role: str, settings: ProbeSettings) -> Measureme
                 run=run,
                 variant=variant,
                 workload_manifest=settings.workload_manifest,
-                engine=settings.engine,
+                server_settings=settings.server_settings,
                 client=settings.client,
                 monitors=settings.monitors,
+                sharing=settings.sharing,
                 paths=RunPaths(
                     metrics=run_dir / "metrics.json",
                     requests=run_dir / "requests.jsonl",
@@ -277,7 +288,7 @@ def measure_commit(commit: str, role: str, settings: ProbeSettings) -> Measureme
                 ),
             )
         )
-    probe_config = {"arms": [arm]}
+    probe_config = {"arms": [arm.as_config()]}
     arms = arms_table(runs_table(records, probe_config), probe_config)
     spread = Spread.of_arm(arms, name, settings.criterion.metric)
     invalid = [
@@ -309,7 +320,7 @@ def run_commit_bisect(good: str, bad: str, settings: ProbeSettings) -> dict:
         "repository": settings.repository,
         "good": {"revision": good, "commit": commits[0]},
         "bad": {"revision": bad, "commit": commits[-1]},
-        "arm": settings.arm,
+        "arm": settings.arm.as_config(),
         "runs_per_probe": settings.runs,
         **result,
         "started_at": started,

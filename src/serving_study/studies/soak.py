@@ -13,6 +13,7 @@ It needs the variants and workloads of the config: build them first with
 """
 
 import argparse
+import dataclasses
 import gc
 import json
 import logging
@@ -27,11 +28,20 @@ import psutil
 import yaml
 
 from serving_study.config.arm_order import execution_order
+from serving_study.config.records import (
+    Arm,
+    ClientSettings,
+    HostSharing,
+    MonitorSettings,
+    ServerSettings,
+    Variant,
+)
 from serving_study.config.validation import check_config
 from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.run_outputs import RunPaths
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
+RESULTS = PROJECT_ROOT / "results"
 SHARED_MEMORY = Path("/dev/shm")
 
 
@@ -73,28 +83,21 @@ def soak(config_path: Path, runs: int, requests: int | None, workdir: Path) -> d
         PROJECT_ROOT,
     )
     experiment = f"soak-{config['experiment']}"
-    arms = {arm["name"]: arm for arm in config["arms"]}
+    arms = {arm["name"]: Arm.from_config(arm) for arm in config["arms"]}
     order = execution_order({name: runs for name in arms}, config["seed"])
-    engine = {
-        "engine": config["engine"],
-        "runtime": config["runtime"],
-        "embedded": config["embedded_engine"],
-        "sglang": config["sglang"],
-    }
+    server_settings = ServerSettings.from_config(config)
+    client = ClientSettings.from_config(config["client"])
+    monitors = MonitorSettings.from_config(config["monitors"])
+    sharing = HostSharing.from_config(config["host_sharing"])
     started = time.monotonic()
     failures, baseline, throughputs = [], None, {name: [] for name in arms}
     for position, (arm_name, run) in enumerate(order, start=1):
-        arm = dict(arms[arm_name])
+        arm = arms[arm_name]
         if requests:
-            arm["requests"] = requests
-        variant = json.loads(
-            (
-                PROJECT_ROOT / "results" / "variants" / f"{arm['variant']}.json"
-            ).read_text()
-        )
-        manifest = (
-            PROJECT_ROOT / "results" / "workloads" / arm["workload"] / "manifest.json"
-        )
+            arm = dataclasses.replace(arm, requests=requests)
+        identity = RESULTS / "variants" / f"{arm.variant}.json"
+        variant = Variant.from_identity(json.loads(identity.read_text()))
+        manifest = RESULTS / "workloads" / arm.workload / "manifest.json"
         directory = workdir / arm_name / f"run{run}"
         directory.mkdir(parents=True, exist_ok=True)
         metrics = run_arm(
@@ -103,9 +106,10 @@ def soak(config_path: Path, runs: int, requests: int | None, workdir: Path) -> d
             run=run,
             variant=variant,
             workload_manifest=manifest,
-            engine=engine,
-            client=config["client"],
-            monitors=config["monitors"],
+            server_settings=server_settings,
+            client=client,
+            monitors=monitors,
+            sharing=sharing,
             paths=RunPaths.in_directory(directory),
         )
         if not metrics["valid"]:

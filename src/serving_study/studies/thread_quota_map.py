@@ -14,13 +14,22 @@ A cell that cannot be measured is recorded as invalid with its reason; after
 the server died, the row's remaining cells say so. Nothing invalid is drawn.
 """
 
+import dataclasses
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 import pandas as pd
 
-from serving_study.measure.arm_server import quota_cores
+from serving_study.config.records import (
+    Arm,
+    ClientSettings,
+    MonitorSettings,
+    ServerSettings,
+    Variant,
+    quota_cores,
+)
 from serving_study.measure.run_failure import ArmFailed, termination_as_interrupt
 from serving_study.measure.run_metrics import failed_run_metrics, summarize_run
 from serving_study.measure.run_outputs import RunPaths, now_iso, write_json
@@ -53,12 +62,14 @@ TABLE_COLUMNS = (
 )
 
 
-def quota_label(quota) -> str:
-    """A quota as a directory name and a table value: ``2``, ``1.5`` or ``none``."""
-    return "none" if quota == "none" else f"{float(quota):g}"
+def quota_label(quota: float | str | None) -> str:
+    """A quota as a directory name and a table value: ``2``, ``1.5`` or ``none``
+    (from the config's value or an arm's cores)."""
+    cores = quota_cores(quota)
+    return "none" if cores is None else f"{cores:g}"
 
 
-def map_rows(settings: dict) -> list[tuple[str, int]]:
+def map_rows(settings: Mapping) -> list[tuple[str, int]]:
     """Every (variant, intra-op threads) row of the map."""
     return [
         (variant, threads)
@@ -67,40 +78,52 @@ def map_rows(settings: dict) -> list[tuple[str, int]]:
     ]
 
 
-def cell_arm(settings: dict, variant: str, threads: int, quota) -> dict:
-    """One cell in the shape of an arm, so that the arm runner's parts serve it."""
-    return {
-        "name": f"{variant}-threads{threads}-quota{quota_label(quota)}",
-        "variant": variant,
-        "workload": settings["workload"],
-        "transport": settings["transport"],
-        "cpu_quota": quota,
-        "environment": {},
-        "intra_op_threads": threads,
-        "concurrency": settings["concurrency"],
-        "requests": settings["requests"],
-        "output_tokens": settings["output_tokens"],
-        "runs": 1,
-    }
+def cell_arm(settings: Mapping, variant: str, threads: int, quota) -> Arm:
+    """One cell as an arm, so that the arm runner's parts serve it: the map's
+    settings, the row's variant and threads, the column's quota on the whole
+    server, and nothing else (no environment, secrets or server arguments)."""
+    return Arm.from_config(
+        {
+            "name": f"{variant}-threads{threads}-quota{quota_label(quota)}",
+            "variant": variant,
+            "workload": settings["workload"],
+            "transport": settings["transport"],
+            "cpu_quota": quota,
+            "quota_scope": "server",
+            "environment": {},
+            "secret_environment": [],
+            "concurrency": settings["concurrency"],
+            "requests": settings["requests"],
+            "output_tokens": settings["output_tokens"],
+            "intra_op_threads": threads,
+            "server_args": [],
+        }
+    )
 
 
 @termination_as_interrupt()
 def run_map_row(
     *,
     experiment: str,
-    settings: dict,
-    variant_name: str,
+    settings: Mapping,
     threads: int,
-    variant: dict,
+    variant: Variant,
     workload_manifest: Path,
-    engine: dict,
-    client: dict,
-    monitors: dict,
+    server_settings: ServerSettings,
+    client: ClientSettings,
+    monitors: MonitorSettings,
     cells_dir: Path,
 ) -> list[dict]:
-    """Measure one row of the map on one server; return its cells' metrics."""
+    """Measure one row of the map on one server; return its cells' metrics.
+
+    ``settings`` is the config's ``thread_quota_map`` section (what a row reads of
+    it: workload, transport, quotas and the cells' sizes).
+    """
+    variant_name = variant.name
     quotas = settings["cpu_quotas"]
-    cell_client = client | {"warmup_requests": settings["warmup_requests"]}
+    cell_client = dataclasses.replace(
+        client, warmup_requests=settings["warmup_requests"]
+    )
     cells_dir.mkdir(parents=True, exist_ok=True)
     server_paths = RunPaths.in_directory(cells_dir)
     server_paths.server_log.write_text("")
@@ -108,7 +131,7 @@ def run_map_row(
     try:
         # On failure it has stopped its server already: nothing to tear down here.
         server, base_url = start_healthy_server(
-            engine,
+            server_settings,
             variant,
             cell_arm(settings, variant_name, threads, quotas[0]),
             group_name,
@@ -145,7 +168,7 @@ def run_map_row(
                     server,
                     base_url,
                     cell_arm(settings, variant_name, threads, quota),
-                    engine,
+                    server_settings,
                     variant,
                     workload_manifest,
                     cell_client,
@@ -161,52 +184,61 @@ def run_map_row(
 def measure_cell(
     server,
     base_url: str,
-    arm: dict,
-    engine: dict,
-    variant: dict,
+    arm: Arm,
+    server_settings: ServerSettings,
+    variant: Variant,
     workload_manifest: Path,
-    client: dict,
-    monitors: dict,
+    client: ClientSettings,
+    monitors: MonitorSettings,
     cell_dir: Path,
 ) -> dict:
     """Put the cell's quota in force on the live server, then one measured window."""
     cell_dir.mkdir(parents=True, exist_ok=True)
     paths = RunPaths.in_directory(cell_dir)
     started = time.monotonic()
-    server.quota_cores = quota_cores(arm)
+    server.quota_cores = arm.cpu_quota
     server.apply_quota()
     try:
         server_info = read_server_info(base_url)
         window, load_summary = measure(
-            base_url, server, arm, engine, workload_manifest, client, monitors, paths
+            base_url,
+            server,
+            arm,
+            server_settings,
+            workload_manifest,
+            client,
+            monitors,
+            paths,
         )
         if server.exit_code() is not None:
             raise ArmFailed(f"server exited with code {server.exit_code()}")
-        identity = server_identity(engine, arm, variant, server_info, server)
+        identity = server_identity(server_settings, arm, variant, server_info, server)
         checks = validity_checks(arm, client, server_info, window, server, identity)
         write_json(paths.monitors, window)
-        metrics = summarize_run(paths.requests, paths.monitors, arm, checks, run=1)
+        metrics = summarize_run(
+            paths.requests, paths.monitors, arm.as_config(), checks, run=1
+        )
     except (ArmFailed, OSError) as failure:
-        log.error("cell %s failed: %s", arm["name"], failure)
-        metrics = failed_run_metrics(arm, 1, str(failure).splitlines()[0])
+        log.error("cell %s failed: %s", arm.name, failure)
+        metrics = failed_run_metrics(arm.as_config(), 1, str(failure).splitlines()[0])
     metrics.update(
-        intra_op_threads=arm["intra_op_threads"],
-        cpu_quota=quota_label(arm["cpu_quota"]),
+        intra_op_threads=arm.intra_op_threads,
+        cpu_quota=quota_label(arm.cpu_quota),
         wall_s=round(time.monotonic() - started, 3),
     )
     write_json(paths.metrics, metrics)
     log.info(
         "cell %s: valid=%s throughput=%s req/s",
-        arm["name"],
+        arm.name,
         metrics.get("valid"),
         metrics.get("throughput_rps"),
     )
     return metrics
 
 
-def failed_cell(settings: dict, variant: str, threads: int, quota, reason: str):
+def failed_cell(settings: Mapping, variant: str, threads: int, quota, reason: str):
     arm = cell_arm(settings, variant, threads, quota)
-    metrics = failed_run_metrics(arm, 1, reason)
+    metrics = failed_run_metrics(arm.as_config(), 1, reason)
     metrics.update(intra_op_threads=threads, cpu_quota=quota_label(quota))
     return metrics
 

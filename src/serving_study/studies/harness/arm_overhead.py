@@ -11,6 +11,15 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from serving_study.config.records import (
+    Arm,
+    ClientSettings,
+    HostSharing,
+    MonitorSettings,
+    ServerSettings,
+    Variant,
+    quota_value,
+)
 from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.run_outputs import RunPaths
 from serving_study.studies.harness.benchmark_host import host_load_between, read_cpu
@@ -103,13 +112,14 @@ def overhead_split(overhead: float | None, phases: dict | None) -> dict | None:
 
 def measure_arm_overhead(
     *,
-    arm: dict,
-    variant: dict,
+    arm: Arm,
+    variant: Variant,
     workload_manifest: Path,
-    engine: dict,
-    client: dict,
-    monitors: dict,
+    server_settings: ServerSettings,
+    client: ClientSettings,
+    monitors: MonitorSettings,
     out_dir: Path,
+    sharing: HostSharing | None = None,
 ) -> dict:
     """Run one real arm; split its wall time into the measured window and the rest."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -122,10 +132,11 @@ def measure_arm_overhead(
         run=1,
         variant=variant,
         workload_manifest=workload_manifest,
-        engine=engine,
+        server_settings=server_settings,
         client=client,
         monitors=monitors,
         paths=paths,
+        sharing=sharing,
     )
     returned = time.time()
     after = read_cpu()
@@ -145,15 +156,15 @@ def measure_arm_overhead(
         "overhead_split_s": overhead_split(overhead, phases),
         "arm_wall_s": wall,
         "measured_seconds": measured,
-        "arm": arm["name"],
-        "variant": variant["name"],
-        "cpu_quota": arm["cpu_quota"],
-        "quota_during_startup": client.get("quota_during_startup"),
+        "arm": arm.name,
+        "variant": variant.name,
+        "cpu_quota": quota_value(arm.cpu_quota),
+        "quota_during_startup": client.quota_during_startup,
         "valid": metrics["valid"],
         "invalid_reasons": metrics["invalid_reasons"],
         "throughput_rps": metrics["throughput_rps"],
         "dispatch_lag_max_ms": metrics["dispatch_lag_max_ms"],
-        "max_dispatch_lag_ms_allowed": client["max_dispatch_lag_ms"],
+        "max_dispatch_lag_ms_allowed": client.max_dispatch_lag_ms,
         "phases_s": phases,
         **host_load_between(before, after),
     }

@@ -11,6 +11,14 @@ import os
 import time
 from pathlib import Path
 
+from serving_study.config.records import (
+    Arm,
+    ClientSettings,
+    HostSharing,
+    MonitorSettings,
+    ServerSettings,
+    Variant,
+)
 from serving_study.measure.chat_requests import load_requests
 from serving_study.studies.harness.arm_overhead import measure_arm_overhead
 from serving_study.studies.harness.benchmark_host import (
@@ -61,11 +69,22 @@ def goals_met(figures: dict) -> dict:
     return verdicts
 
 
-def run_benchmarks(settings: dict, out_dir: Path) -> dict:
+def run_benchmarks(
+    settings: dict,
+    out_dir: Path,
+    *,
+    arm: Arm,
+    variant: Variant,
+    server_settings: ServerSettings,
+    client: ClientSettings,
+    monitors: MonitorSettings,
+    sharing: HostSharing,
+) -> dict:
     """Every benchmark, one after another, and the figures the issue asks for on top.
 
-    `settings` holds the inputs (workload manifest, variant identities, the arm and
-    the engine, client and monitor settings) and every size and duration used.
+    `settings` holds the inputs (workload manifest, variant roots) and every size
+    and duration used; the real arm runs `arm` of `variant` with the study's
+    server, client and monitor settings, sharing the host as the study does.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     client_cpu, server_cpu = client_and_server_cpus()
@@ -88,6 +107,7 @@ def run_benchmarks(settings: dict, out_dir: Path) -> dict:
             concurrencies=settings["client_concurrencies"],
             measured_requests=settings["client_measured_requests"],
             study_peak_rps=settings["study_peak_rps"],
+            request_timeout_s=client.request_timeout_s,
             out_dir=out_dir,
         )
         log.info("client TTFT overhead against a raw socket")
@@ -97,6 +117,7 @@ def run_benchmarks(settings: dict, out_dir: Path) -> dict:
             client_cpu=client_cpu,
             requests_per_round=settings["ttft_requests_per_round"],
             rounds=settings["ttft_rounds"],
+            request_timeout_s=client.request_timeout_s,
             out_dir=out_dir,
         )
         log.info("a lagging client's run")
@@ -104,15 +125,16 @@ def run_benchmarks(settings: dict, out_dir: Path) -> dict:
             chat_requests,
             server,
             block_s=settings["dispatch_block_s"],
-            allowed_ms=settings["client"]["max_dispatch_lag_ms"],
+            allowed_ms=client.max_dispatch_lag_ms,
+            request_timeout_s=client.request_timeout_s,
             out_dir=out_dir / "dispatch-lag",
         )
     log.info("monitors' CPU over %s s", settings["monitor_window_s"])
     report["monitors"] = measure_monitor_cpu(
         window_s=settings["monitor_window_s"],
         threads=settings["monitor_tree_threads"],
-        sample_hz=settings["monitors"]["sample_hz"],
-        thread_sample_hz=settings["monitors"]["thread_sample_hz"],
+        sample_hz=monitors.sample_hz,
+        thread_sample_hz=monitors.thread_sample_hz,
         group_name=f"harness-benchmark-monitors-{os.getpid()}",
         log_path=out_dir / "monitor-tree.log",
     )
@@ -129,13 +151,14 @@ def run_benchmarks(settings: dict, out_dir: Path) -> dict:
     )
     log.info("one real arm")
     report["arm"] = measure_arm_overhead(
-        arm=settings["arm"],
-        variant=settings["arm_variant"],
+        arm=arm,
+        variant=variant,
         workload_manifest=Path(settings["workload_manifest"]),
-        engine=settings["engine"],
-        client=settings["client"],
-        monitors=settings["monitors"],
+        server_settings=server_settings,
+        client=client,
+        monitors=monitors,
         out_dir=out_dir / "arm",
+        sharing=sharing,
     )
     report["default_study"] = with_current_arm_overhead(
         default_study_wall(

@@ -37,6 +37,7 @@ def measure_client_rate(
     concurrencies: list[int],
     measured_requests: int,
     study_peak_rps: float,
+    request_timeout_s: float,
     out_dir: Path,
 ) -> dict:
     """The client's request rate at each concurrency, pinned to one CPU.
@@ -65,6 +66,7 @@ def measure_client_rate(
                     model=ZERO_WORK_MODEL,
                     out_path=out_dir / f"client-rate-c{concurrency}.jsonl",
                     progress=False,
+                    request_timeout_s=request_timeout_s,
                 )
             )
             after = read_cpu([client, server.process])
@@ -173,6 +175,7 @@ def measure_ttft_overhead(
     client_cpu: int,
     requests_per_round: int,
     rounds: int,
+    request_timeout_s: float,
     out_dir: Path,
 ) -> dict:
     """Client TTFT minus raw-socket TTFT, p50, one request at a time, same server.
@@ -205,6 +208,7 @@ def measure_ttft_overhead(
                     model=ZERO_WORK_MODEL,
                     out_path=log_path,
                     progress=False,
+                    request_timeout_s=request_timeout_s,
                 )
             )
             round_harness = [

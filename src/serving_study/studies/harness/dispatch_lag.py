@@ -7,6 +7,7 @@ import json
 import time
 from pathlib import Path
 
+from serving_study.config.records import Arm
 from serving_study.measure.chat_requests import ChatRequest
 from serving_study.measure.client import run_load
 from serving_study.measure.monitors import RunMonitors
@@ -21,6 +22,7 @@ def check_dispatch_lag_invalidation(
     *,
     block_s: float,
     allowed_ms: float,
+    request_timeout_s: float,
     out_dir: Path,
     concurrency: int = 4,
     measured_requests: int = 40,
@@ -58,6 +60,7 @@ def check_dispatch_lag_invalidation(
                     model=ZERO_WORK_MODEL,
                     out_path=directory / "requests.jsonl",
                     progress=False,
+                    request_timeout_s=request_timeout_s,
                     on_measured_start=open_window,
                     on_measured_end=lambda w=window, m=monitors: w.update(
                         m.stop_window()
@@ -67,14 +70,34 @@ def check_dispatch_lag_invalidation(
         finally:
             monitors.stop()
         (directory / "monitors.json").write_text(json.dumps(window))
-        arm = {"name": name, "requests": measured_requests, "cpu_quota": "none"}
+        arm = Arm.from_config(
+            {
+                "name": name,
+                "variant": "zero-work",
+                "workload": "zero-work",
+                "transport": "cpu",
+                "cpu_quota": "none",
+                "quota_scope": "server",
+                "environment": {},
+                "secret_environment": [],
+                "concurrency": concurrency,
+                "requests": measured_requests,
+                "output_tokens": OUTPUT_TOKENS,
+                "intra_op_threads": None,
+                "server_args": [],
+            }
+        )
         checks = {
             "quota_in_force_cores": None,
             "max_dispatch_lag_ms_allowed": allowed_ms,
             "warmup_requests": concurrency,
         }
         metrics = summarize_run(
-            directory / "requests.jsonl", directory / "monitors.json", arm, checks, 1
+            directory / "requests.jsonl",
+            directory / "monitors.json",
+            arm.as_config(),
+            checks,
+            1,
         )
         verdicts[name] = {
             "valid": metrics["valid"],

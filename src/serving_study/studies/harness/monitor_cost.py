@@ -53,6 +53,7 @@ def measure_monitor_cpu(
         None,
         group_name,
         log_path,
+        quota_during_startup=False,
     )
     server.start()
     try:

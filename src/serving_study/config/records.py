@@ -1,0 +1,385 @@
+"""Typed records of an experiment's settings: what jobs and functions pass around.
+
+The config is checked against its schema first (validation.py); these records are
+built from it right after, and from then on travel instead of config dicts. Each
+``from_config`` is the one place where a value is normalised: a ``cpu_quota`` of
+``none`` becomes None, environment values become strings, and a key the caller
+left out takes the schema's default (read from the schema, never restated here).
+
+``as_config`` gives a record back as plain config values, in a fixed order and
+holding only what the record holds. That is what a Snakemake rule passes to its
+job, since Snakemake compares a job's params with the last run's to decide whether
+to rerun it; the job's script builds the record again with ``from_config``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from serving_study.config.platform import resolve_device
+from serving_study.config.schema import property_schema
+
+NO_QUOTA = "none"
+LOCK_MODES = ("wait", "fail")
+GPU_SAMPLING = {"auto": None, "on": True, "off": False}
+
+# What starting a server reads of the config's engine sections. The rest is for
+# other jobs: sglang's port (the launch commands), base image and model source (the
+# image and model rules); the container's base image and Python (the image build).
+EMBEDDED_SERVER_KEYS = (
+    "served_model_name",
+    "prefill_ms_per_image",
+    "decode_step_ms",
+    "max_running_requests",
+    "scheduler_busy_fraction",
+    "preprocess_device",
+)
+SGLANG_SERVER_KEYS = (
+    "model",
+    "served_model_name",
+    "disable_radix_cache",
+    "mm_preprocess_cache_size_mb",
+    "mem_fraction_static",
+    "max_total_tokens",
+    "vlm_cache_size_mb",
+    "mm_feature_cache_mb",
+    "extra_server_args",
+)
+CONTAINER_SERVER_KEYS = ("shm_size", "ipc_host", "gpus")
+
+
+def quota_cores(cpu_quota: float | str | None) -> float | None:
+    """A config's ``cpu_quota`` in cores: None for ``none`` (no quota)."""
+    if cpu_quota is None or cpu_quota == NO_QUOTA:
+        return None
+    return float(cpu_quota)
+
+
+def quota_value(cores: float | None) -> float | str:
+    """Cores as a config writes them: ``none`` for no quota."""
+    return NO_QUOTA if cores is None else cores
+
+
+def _config_values(section: Mapping, names: Iterable[str], *keys: str) -> dict:
+    """``section``'s value of each of ``names``, the key path ``keys`` of the schema
+    saying what one it lacks takes: the default, or None where the schema gives
+    none. A required key that is missing is an error.
+
+    The schema is read only when something is missing: a job's params carry
+    every value (``as_config``), so a job never reads it.
+    """
+    names = tuple(names)
+    missing = [name for name in names if name not in section]
+    if not missing:
+        return {name: section[name] for name in names}
+    schema = property_schema(*keys)
+    absent = [name for name in missing if name in schema.get("required", ())]
+    if absent:
+        raise ValueError(f"{'.'.join(keys)} lacks {', '.join(absent)}")
+    properties = schema["properties"]
+    return {
+        name: section[name]
+        if name in section
+        else copy.deepcopy(properties.get(name, {}).get("default"))
+        for name in names
+    }
+
+
+def _field_names(record: type) -> tuple[str, ...]:
+    return tuple(field.name for field in dataclasses.fields(record))
+
+
+def _given(values: Mapping) -> dict:
+    """``values`` without the keys that hold nothing (optional keys not set)."""
+    return {name: value for name, value in values.items() if value is not None}
+
+
+@dataclass(frozen=True)
+class Arm:
+    """One arm (an item of the config's ``arms``): what each of its runs starts,
+    sends and checks. ``cpu_quota`` is in cores, None to run without a quota.
+
+    How many runs it gets is the workflow's business, not a run's, so ``runs``
+    (and the free-text ``description``) are not part of it.
+    """
+
+    name: str
+    variant: str
+    workload: str
+    transport: str
+    cpu_quota: float | None
+    quota_scope: str
+    environment: Mapping[str, str]
+    secret_environment: tuple[str, ...]
+    concurrency: int
+    requests: int
+    output_tokens: int
+    intra_op_threads: int | None
+    server_args: tuple[str, ...]
+
+    @classmethod
+    def from_config(cls, section: Mapping) -> Arm:
+        values = _config_values(section, _field_names(cls), "arms")
+        threads = values["intra_op_threads"]
+        return cls(
+            name=str(values["name"]),
+            variant=str(values["variant"]),
+            workload=str(values["workload"]),
+            transport=str(values["transport"]),
+            cpu_quota=quota_cores(values["cpu_quota"]),
+            quota_scope=str(values["quota_scope"]),
+            environment={
+                str(name): str(value) for name, value in values["environment"].items()
+            },
+            secret_environment=tuple(values["secret_environment"]),
+            concurrency=int(values["concurrency"]),
+            requests=int(values["requests"]),
+            output_tokens=int(values["output_tokens"]),
+            intra_op_threads=None if threads is None else int(threads),
+            server_args=tuple(values["server_args"]),
+        )
+
+    def as_config(self) -> dict:
+        return {
+            "name": self.name,
+            "variant": self.variant,
+            "workload": self.workload,
+            "transport": self.transport,
+            "cpu_quota": quota_value(self.cpu_quota),
+            "quota_scope": self.quota_scope,
+            "environment": dict(self.environment),
+            "secret_environment": list(self.secret_environment),
+            "concurrency": self.concurrency,
+            "requests": self.requests,
+            "output_tokens": self.output_tokens,
+            "intra_op_threads": self.intra_op_threads,
+            "server_args": list(self.server_args),
+        }
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A prepared variant (``results/variants/<name>.json``): the tree its server
+    imports, the ``mm_utils.py`` hash a run checks the server loaded, and the whole
+    identity record, which provenance keeps as it is."""
+
+    name: str
+    sglang_python_root: str
+    mm_utils_sha256: str
+    identity: Mapping
+
+    @classmethod
+    def from_identity(cls, identity: Mapping) -> Variant:
+        return cls(
+            name=str(identity["name"]),
+            sglang_python_root=str(identity["sglang_python_root"]),
+            mm_utils_sha256=str(identity["mm_utils_sha256"]),
+            identity=dict(identity),
+        )
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One seeded workload (an item of the config's ``workloads``)."""
+
+    name: str
+    seed: int
+    images: int
+    width: int
+    height: int
+    format: str
+    jpeg_quality: int
+    content: str
+    input_tokens: int
+
+    @classmethod
+    def from_config(cls, section: Mapping) -> Workload:
+        values = _config_values(section, _field_names(cls), "workloads")
+        return cls(
+            name=str(values["name"]),
+            seed=int(values["seed"]),
+            images=int(values["images"]),
+            width=int(values["width"]),
+            height=int(values["height"]),
+            format=str(values["format"]),
+            jpeg_quality=int(values["jpeg_quality"]),
+            content=str(values["content"]),
+            input_tokens=int(values["input_tokens"]),
+        )
+
+    def as_config(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    """What starting any arm's server needs besides the arm: the engine and where
+    it runs, with the one engine section it reads (``embedded`` or ``sglang``,
+    the other None), and ``container`` when servers run as containers.
+
+    ``device`` is where a real SGLang server runs (cpu or cuda, ``auto``
+    resolved on this host). The rest is known only once a job has its input
+    files: the variant's image id file, the model snapshot, the CPU runtime.
+    """
+
+    engine: str
+    runtime: str
+    device: str | None
+    embedded: Mapping | None
+    sglang: Mapping | None
+    container: Mapping | None
+    image_id_file: str | None = None
+    model_host_path: str | None = None
+    model_load_format: str | None = None
+    model_dtype: str | None = None
+    runtime_python: str | None = None
+
+    @classmethod
+    def from_config(
+        cls,
+        config: Mapping,
+        *,
+        image_id_file: str | Path | None = None,
+        model_snapshot: Mapping | None = None,
+        runtime_python: str | None = None,
+    ) -> ServerSettings:
+        """From a config (or ``as_config``'s part of one); ``model_snapshot`` is
+        the model rule's record, ``runtime_python`` the CPU runtime's Python."""
+        engine, runtime = str(config["engine"]), str(config["runtime"])
+        sections = {"embedded": None, "sglang": None, "container": None}
+        device = None
+        if engine == "embedded":
+            section = config.get("embedded_engine", {})
+            sections["embedded"] = _config_values(
+                section, EMBEDDED_SERVER_KEYS, "embedded_engine"
+            )
+        else:
+            section = config.get("sglang", {})
+            keys = (*SGLANG_SERVER_KEYS, "device")
+            values = _given(_config_values(section, keys, "sglang"))
+            device = resolve_device(values.pop("device"))
+            sections["sglang"] = values
+        if runtime != "local":
+            section = config.get("container", {})
+            values = _config_values(section, CONTAINER_SERVER_KEYS, "container")
+            sections["container"] = _given(values)
+        snapshot = model_snapshot or {}
+        return cls(
+            engine=engine,
+            runtime=runtime,
+            device=device,
+            **sections,
+            image_id_file=None if image_id_file is None else str(image_id_file),
+            model_host_path=snapshot.get("path"),
+            model_load_format=snapshot.get("load_format"),
+            model_dtype=snapshot.get("settings", {}).get("dtype"),
+            runtime_python=runtime_python,
+        )
+
+    def as_config(self) -> dict:
+        """The config values of the settings, an optional key that is not set as
+        None (what a job's files add is not in it: the job passes those to
+        ``from_config`` itself)."""
+        config: dict = {"engine": self.engine, "runtime": self.runtime}
+        if self.embedded is not None:
+            config["embedded_engine"] = dict(self.embedded)
+        if self.sglang is not None:
+            config["sglang"] = {
+                **{name: self.sglang.get(name) for name in SGLANG_SERVER_KEYS},
+                "device": self.device,
+            }
+        if self.container is not None:
+            config["container"] = {
+                name: self.container.get(name) for name in CONTAINER_SERVER_KEYS
+            }
+        return config
+
+    @property
+    def in_container(self) -> bool:
+        return self.runtime != "local"
+
+
+@dataclass(frozen=True)
+class ClientSettings:
+    """The load client's settings (the config's ``client``)."""
+
+    warmup_requests: int
+    health_timeout_s: float
+    quota_during_startup: bool
+    request_timeout_s: float
+    max_dispatch_lag_ms: float
+
+    @classmethod
+    def from_config(cls, section: Mapping) -> ClientSettings:
+        values = _config_values(section, _field_names(cls), "client")
+        return cls(
+            warmup_requests=int(values["warmup_requests"]),
+            health_timeout_s=float(values["health_timeout_s"]),
+            quota_during_startup=bool(values["quota_during_startup"]),
+            request_timeout_s=float(values["request_timeout_s"]),
+            max_dispatch_lag_ms=float(values["max_dispatch_lag_ms"]),
+        )
+
+    def as_config(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclass(frozen=True)
+class MonitorSettings:
+    """How the run monitors sample (the config's ``monitors``); ``gpu`` None
+    samples a GPU when the host has one."""
+
+    sample_hz: float
+    thread_sample_hz: float
+    gpu: bool | None
+
+    @classmethod
+    def from_config(cls, section: Mapping) -> MonitorSettings:
+        values = _config_values(section, _field_names(cls), "monitors")
+        if values["gpu"] not in GPU_SAMPLING:
+            raise ValueError(f"monitors.gpu {values['gpu']!r}: one of auto, on, off")
+        return cls(
+            sample_hz=float(values["sample_hz"]),
+            thread_sample_hz=float(values["thread_sample_hz"]),
+            gpu=GPU_SAMPLING[values["gpu"]],
+        )
+
+    def as_config(self) -> dict:
+        gpu = next(name for name, value in GPU_SAMPLING.items() if value is self.gpu)
+        return {
+            "sample_hz": self.sample_hz,
+            "thread_sample_hz": self.thread_sample_hz,
+            "gpu": gpu,
+        }
+
+
+@dataclass(frozen=True)
+class HostSharing:
+    """How runs share the host (the config's ``host_sharing``; measure/
+    host_sharing.py holds the lock it describes)."""
+
+    lock: str
+    lock_wait_s: float
+    lock_file: Path
+    max_other_load_cores: float
+
+    @classmethod
+    def from_config(cls, section: Mapping) -> HostSharing:
+        values = _config_values(section, _field_names(cls), "host_sharing")
+        if values["lock"] not in LOCK_MODES:
+            raise ValueError(
+                f"host_sharing.lock {values['lock']!r}: one of {LOCK_MODES}"
+            )
+        return cls(
+            lock=str(values["lock"]),
+            lock_wait_s=float(values["lock_wait_s"]),
+            lock_file=Path(values["lock_file"]),
+            max_other_load_cores=float(values["max_other_load_cores"]),
+        )
+
+    def as_config(self) -> dict:
+        return dataclasses.asdict(self) | {"lock_file": str(self.lock_file)}

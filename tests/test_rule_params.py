@@ -1,0 +1,101 @@
+"""Each job's params hold only what the job uses.
+
+Snakemake reruns a job whose params differ from those of its last run
+(``--rerun-triggers params``). So a key that no job of a study reads must rerun
+nothing, and a key that one rule reads must rerun that rule's jobs alone. The
+study here is the tiny test study with every job touched, not run: its outputs
+exist and Snakemake has recorded each job's params.
+"""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIG = ROOT / "config" / "test" / "config.yaml"
+
+
+def snakemake(workdir: Path, config: Path, *arguments: str) -> str:
+    finished = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile")]
+        + ["--directory", str(workdir), *arguments, "--configfile", str(config)],
+        capture_output=True,
+        text=True,
+    )
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    return finished.stdout + finished.stderr
+
+
+@pytest.fixture(scope="module")
+def touched_study(tmp_path_factory) -> Path:
+    """The test study's outputs, made empty and touched, and the jobs' records."""
+    workdir = tmp_path_factory.mktemp("touched-study")
+    summary = snakemake(workdir, CONFIG, "--summary").splitlines()
+    header = summary.index(next(line for line in summary if line.startswith("output")))
+    for line in summary[header + 1 :]:
+        output = workdir / line.split("\t")[0]
+        # Every file output of this study has a suffix; a directory() one has none.
+        if output.suffix:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.touch()
+        else:
+            output.mkdir(parents=True, exist_ok=True)
+    snakemake(workdir, CONFIG, "--touch", "--forceall", "--cores", "1", "all")
+    return workdir
+
+
+def rules_rerun_for_params(workdir: Path, config: dict, tmp_path: Path) -> set[str]:
+    """The rules whose jobs a dry run would rerun because their params changed."""
+    changed = tmp_path / "changed.yaml"
+    changed.write_text(yaml.safe_dump(config, sort_keys=False))
+    plan = snakemake(workdir, changed, "-n", "--rerun-triggers", "params")
+    rules, rule = set(), None
+    for line in plan.splitlines():
+        if line.startswith(("rule ", "localrule ")):
+            rule = line.split()[1].rstrip(":")
+        elif "reason:" in line and "Params have changed" in line:
+            rules.add(rule)
+    return rules
+
+
+def edited(*edits: tuple[tuple[str, ...], object]) -> dict:
+    config = yaml.safe_load(CONFIG.read_text())
+    for keys, value in edits:
+        section = config
+        for key in keys[:-1]:
+            section = section.setdefault(key, {})
+        section[keys[-1]] = value
+    return config
+
+
+@pytest.mark.parametrize(
+    "edits",
+    [
+        (),
+        ((("sglang", "port"), 31234),),
+        ((("sglang", "mem_fraction_static"), 0.5),),
+        ((("container", "gpus"), "none"), (("container", "shm_size"), "2g")),
+        ((("container", "embedded_python_version"), "3.12"),),
+    ],
+    ids=["nothing", "sglang port", "sglang memory", "container", "image python"],
+)
+def test_a_key_no_job_reads_reruns_nothing(touched_study, tmp_path, edits):
+    assert rules_rerun_for_params(touched_study, edited(*edits), tmp_path) == set()
+
+
+@pytest.mark.parametrize(
+    "keys, value",
+    [
+        (("monitors", "gpu"), "off"),
+        (("client", "warmup_requests"), 5),
+        (("embedded_engine", "decode_step_ms"), 3),
+    ],
+)
+def test_a_key_only_the_arms_read_reruns_only_the_arms(
+    touched_study, tmp_path, keys, value
+):
+    rerun = rules_rerun_for_params(touched_study, edited((keys, value)), tmp_path)
+    assert rerun == {"run_arm"}
