@@ -39,6 +39,7 @@ if config.get("thread_quota_map"):
             server=SERVER.as_config(),
             client=CLIENT.as_config(),
             monitors=MONITORS.as_config(),
+            sharing=HOST_SHARING.as_config(),
         script:
             "../scripts/map_row.py"
 

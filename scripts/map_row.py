@@ -7,6 +7,7 @@ from pathlib import Path
 
 from serving_study.config.records import (
     ClientSettings,
+    HostSharing,
     MonitorSettings,
     ServerSettings,
     Variant,
@@ -31,6 +32,7 @@ cells = run_map_row(
     server_settings=ServerSettings.from_config(snakemake.params.server),
     client=ClientSettings.from_config(snakemake.params.client),
     monitors=MonitorSettings.from_config(snakemake.params.monitors),
+    sharing=HostSharing.from_config(snakemake.params.sharing),
     cells_dir=Path(snakemake.output.cells),
 )
 Path(snakemake.output.row).write_text(json.dumps(cells, indent=2, default=str) + "\n")

@@ -2,6 +2,7 @@
 what a study may leave on the host (segments, cgroups, processes, containers)."""
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -59,6 +60,16 @@ def fault_study_config(
     override = directory / f"{experiment}.yaml"
     override.write_text(yaml.safe_dump(changes))
     return base, override
+
+
+def as_a_terminal_job() -> None:
+    """In the child before exec: Ctrl-C's SIGINT handled as in a terminal.
+
+    A shell that starts a command in the background without job control (as CI
+    scripts do) makes it ignore SIGINT, and every process below inherits that:
+    Python then installs no KeyboardInterrupt handler, and an interrupt test would
+    see a study that the signal never reached."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(find, snakemake: subprocess.Popen, timeout_s: float = 900):

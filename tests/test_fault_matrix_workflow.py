@@ -19,6 +19,7 @@ import pytest
 from study_helpers import (
     ROOT,
     TEST_CONFIG,
+    as_a_terminal_job,
     fault_study_config,
     job_log,
     leaked_segments,
@@ -118,6 +119,7 @@ def test_ctrl_c_while_an_arm_container_serves_leaves_nothing(docker_engine, tmp_
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, as a terminal's job
+            preexec_fn=as_a_terminal_job,
         )
         try:
             run = wait_for(lambda: serving_run(workdir, experiment), snakemake, 1800)

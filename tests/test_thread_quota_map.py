@@ -164,6 +164,11 @@ def test_a_real_map_row_forces_threads_and_changes_the_quota_live(tmp_path):
     throttled = [c["throttled_share"] for c in cells]
     assert throttled[0] is None and throttled[1] is not None
 
+    # The row held the host's measurement lock, as an arm's run does.
+    row_server = json.loads(
+        (results / "thread-quota-map/patched/threads3/server.json").read_text()
+    )
+    assert row_server["host_lock"]["lock_file"].endswith(".lock")
     table = pd.read_csv(results / "tables" / "thread_quota_map.csv")
     assert len(table) == 2 and table["valid"].all()
     page = (results / "report.html").read_text()

@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 from study_helpers import (
     TEST_CONFIG,
+    as_a_terminal_job,
     fault_study_config,
     job_log,
     rerun_finishes_valid,
@@ -56,6 +57,7 @@ def interrupt_then_resume(tmp_path: Path, signal_number: int) -> None:
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # its own process group, as a terminal's job
+            preexec_fn=as_a_terminal_job,
         )
         try:
             run = wait_for(lambda: serving_run(workdir, EXPERIMENT), snakemake)

@@ -25,11 +25,13 @@ import pandas as pd
 from serving_study.config.records import (
     Arm,
     ClientSettings,
+    HostSharing,
     MonitorSettings,
     ServerSettings,
     Variant,
     quota_cores,
 )
+from serving_study.measure.host_sharing import MeasurementLock
 from serving_study.measure.run_failure import ArmFailed, termination_as_interrupt
 from serving_study.measure.run_metrics import failed_run_metrics, summarize_run
 from serving_study.measure.run_outputs import RunPaths, now_iso, write_json
@@ -113,12 +115,48 @@ def run_map_row(
     client: ClientSettings,
     monitors: MonitorSettings,
     cells_dir: Path,
+    sharing: HostSharing,
 ) -> list[dict]:
     """Measure one row of the map on one server; return its cells' metrics.
 
     ``settings`` is the config's ``thread_quota_map`` section (what a row reads of
-    it: workload, transport, quotas and the cells' sizes).
+    it: workload, transport, quotas and the cells' sizes). The row holds the host's
+    measurement lock from before its server starts until it has stopped, as an arm's
+    run does.
     """
+    lock = MeasurementLock.acquire(
+        sharing, holder=f"experiment {experiment}, map row {variant.name} t{threads}"
+    )
+    try:
+        return _measure_row(
+            experiment=experiment,
+            settings=settings,
+            threads=threads,
+            variant=variant,
+            workload_manifest=workload_manifest,
+            server_settings=server_settings,
+            client=client,
+            monitors=monitors,
+            cells_dir=cells_dir,
+            host_lock=lock.record,
+        )
+    finally:
+        lock.release()
+
+
+def _measure_row(
+    *,
+    experiment: str,
+    settings: Mapping,
+    threads: int,
+    variant: Variant,
+    workload_manifest: Path,
+    server_settings: ServerSettings,
+    client: ClientSettings,
+    monitors: MonitorSettings,
+    cells_dir: Path,
+    host_lock: dict,
+) -> list[dict]:
     variant_name = variant.name
     quotas = settings["cpu_quotas"]
     cell_client = dataclasses.replace(
@@ -154,6 +192,7 @@ def run_map_row(
                 "environment_in_force": recorded_environment(server.environment),
                 "server_info": read_server_info(base_url),
                 "started_at": now_iso(),
+                "host_lock": host_lock,
             },
         )
         for quota in quotas:
