@@ -2,10 +2,12 @@
 what a study may leave on the host (segments, cgroups, processes, containers)."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +15,8 @@ import psutil
 import pytest
 import yaml
 
-from serving_study.servers.cgroups import project_group_directories
+from serving_study.servers.cgroup_hierarchy import QuotaUnavailable
+from serving_study.servers.cgroups import CpuQuotaGroup, project_group_directories
 from serving_study.servers.container_commands import container_name
 from serving_study.servers.leftovers import alive, owner_of
 
@@ -239,3 +242,38 @@ def rerun_finishes_valid(
     assert (arms["n_total"] > 0).all() and (arms["n_valid"] == arms["n_total"]).all()
     assert pd.read_csv(results / "tables" / "invalid_runs.csv").empty
     return resumed
+
+
+def git(repository: Path, *arguments: str) -> str:
+    result = subprocess.run(
+        [
+            "git",
+            "-c",
+            "user.name=test",
+            "-c",
+            "user.email=test@example.org",
+            *arguments,
+        ],
+        cwd=repository,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return result.stdout.strip()
+
+
+def cgroups_usable() -> str | None:
+    """Why real cgroup tests cannot run here, or None when they can."""
+    if os.geteuid() != 0:
+        return "creating cgroups needs root"
+    try:
+        probe = CpuQuotaGroup.create(f"probe-{uuid.uuid4().hex[:8]}", None)
+    except QuotaUnavailable as error:
+        return f"no writable CPU cgroup: {error}"
+    probe.remove()
+    return None
+
+
+needs_cgroups = pytest.mark.skipif(
+    (reason := cgroups_usable()) is not None, reason=reason or ""
+)

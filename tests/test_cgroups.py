@@ -8,6 +8,7 @@ import uuid
 from pathlib import Path
 
 import pytest
+from study_helpers import needs_cgroups
 
 from serving_study.servers import cgroup_exec
 from serving_study.servers.cgroup_hierarchy import (
@@ -21,23 +22,6 @@ from serving_study.servers.cgroups import CpuQuotaGroup, _create_v2, wrap_comman
 from serving_study.servers.cpu_group import CpuGroup, CpuStat, group_of_pid
 
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
-
-
-def cgroups_usable() -> str | None:
-    """Why real cgroup tests cannot run here, or None when they can."""
-    if os.geteuid() != 0:
-        return "creating cgroups needs root"
-    try:
-        probe = CpuQuotaGroup.create(f"probe-{uuid.uuid4().hex[:8]}", None)
-    except QuotaUnavailable as error:
-        return f"no writable CPU cgroup: {error}"
-    probe.remove()
-    return None
-
-
-needs_cgroups = pytest.mark.skipif(
-    (reason := cgroups_usable()) is not None, reason=reason or ""
-)
 
 
 def not_running(pid: int) -> bool:

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import psutil
 import pytest
+from study_helpers import needs_cgroups
 
 from serving_study.servers.cgroups import (
     CpuQuotaGroup,
-    QuotaUnavailable,
     project_group_directories,
     wrap_command,
 )
@@ -35,22 +35,6 @@ from serving_study.servers.leftovers import (
     reap_groups,
     reap_leftovers,
     reap_segments,
-)
-
-
-def cgroups_usable() -> str | None:
-    if os.geteuid() != 0:
-        return "creating cgroups needs root"
-    try:
-        probe = CpuQuotaGroup.create(f"probe-{uuid.uuid4().hex[:8]}", None)
-    except QuotaUnavailable as error:
-        return f"no writable CPU cgroup: {error}"
-    probe.remove()
-    return None
-
-
-needs_cgroups = pytest.mark.skipif(
-    (reason := cgroups_usable()) is not None, reason=reason or ""
 )
 
 

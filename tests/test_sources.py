@@ -12,6 +12,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from study_helpers import git
 
 from serving_study.sources import pypi_source, wheelhouse
 from serving_study.sources.fetch import fetch_source, read_identity
@@ -26,24 +27,6 @@ MM_UTILS = "python/sglang/srt/managers/mm_utils.py"
 SGLANG_0_5_23_CP311_SHA256 = (
     "00b3cd5b265ac76c64185fbb6b95424f324ddd9f428d0306b77bc9db9d859937"
 )
-
-
-def git(repository: Path, *arguments: str) -> str:
-    result = subprocess.run(
-        [
-            "git",
-            "-c",
-            "user.name=test",
-            "-c",
-            "user.email=test@example.org",
-            *arguments,
-        ],
-        cwd=repository,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return result.stdout.strip()
 
 
 def commit_file(repository: Path, relative: str, text: str, message: str) -> str:

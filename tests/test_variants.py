@@ -18,6 +18,7 @@ from typing import Optional
 
 import pytest
 import torch
+from study_helpers import git
 
 from serving_study.sources.fetch import fetch_source
 from serving_study.sources.files import file_sha256
@@ -215,24 +216,6 @@ def test_a_pull_request_needs_a_git_source(sglang_0_5_23, tmp_path):
 
     with pytest.raises(ValueError, match="needs a git source"):
         prepare_variant(variant, tree, source, None, tmp_path / "pr")
-
-
-def git(repository: Path, *arguments: str) -> str:
-    result = subprocess.run(
-        [
-            "git",
-            "-c",
-            "user.name=test",
-            "-c",
-            "user.email=test@example.org",
-            *arguments,
-        ],
-        cwd=repository,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
-    return result.stdout.strip()
 
 
 @pytest.fixture
