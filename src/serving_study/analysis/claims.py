@@ -15,13 +15,14 @@ import pandas as pd
 
 from serving_study.analysis.numbers import format_number, is_number
 from serving_study.analysis.summaries import arm_median, reference_values
+from serving_study.config.schema import property_schema
 from serving_study.measure.run_metrics import METRICS
 
 HOLDS = "holds"
 DOES_NOT_HOLD = "does not hold"
 CANNOT_TELL = "cannot tell"
 
-DEFAULT_MIN_VALID_RUNS = 3
+DEFAULT_MIN_VALID_RUNS = property_schema("claims", "min_valid_runs")["default"]
 
 
 def check_claims(config: dict) -> None:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from serving_study.config.schema import property_schema
 from serving_study.measure.run_metrics import METRICS
 
 CHANGED = "changed"
@@ -75,9 +76,11 @@ RELEASE_COLUMNS = (
 class ChangeCriterion:
     """The settings of the criterion (config key ``change_criterion``)."""
 
-    metric: str = "throughput_rps"
-    min_change: float = 0.05
-    min_valid_runs: int = 3
+    metric: str = property_schema("change_criterion", "metric")["default"]
+    min_change: float = property_schema("change_criterion", "min_change")["default"]
+    min_valid_runs: int = property_schema("change_criterion", "min_valid_runs")[
+        "default"
+    ]
 
     @classmethod
     def from_config(cls, settings: dict | None) -> ChangeCriterion:

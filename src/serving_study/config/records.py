@@ -24,7 +24,7 @@ from serving_study.config.platform import resolve_device
 from serving_study.config.schema import property_schema
 
 NO_QUOTA = "none"
-LOCK_MODES = ("wait", "fail")
+LOCK_MODES = tuple(property_schema("host_sharing", "lock")["enum"])
 GPU_SAMPLING = {"auto": None, "on": True, "off": False}
 
 # What starting a server reads of the config's engine sections. The rest is for

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import psutil
 
+from serving_study.config.schema import property_schema
 from serving_study.servers.cgroups import CpuQuotaGroup, wrap_command
 from serving_study.servers.parent_death import killed_with_parent
 
@@ -36,7 +37,7 @@ SGLANG_SEGMENT_PREFIX = "sgl_shm_"
 # SGLang's load-report slot files carry no pid and outlive the server.
 SGLANG_LOAD_FILES = "sglang_loads_*.shm"
 MODEL_PROCESS_TITLE_PREFIX = "sglang::"
-QUOTA_SCOPES = ("server", "main_process")
+QUOTA_SCOPES = tuple(property_schema("arms", "quota_scope")["enum"])
 
 
 def free_port(host: str = "127.0.0.1") -> int:

@@ -18,7 +18,7 @@ MODEL_NAME = "tiny-qwen3-vl"
 # Part of the directory hash: bump it whenever the files written for the same settings
 # change, so an old directory is never taken for the new layout.
 GENERATOR_VERSION = 1
-DTYPES = ("float32", "bfloat16")
+DTYPES = tuple(property_schema("sglang", "tiny_model", "dtype")["enum"])
 DEFAULT_DTYPE = property_schema("sglang", "tiny_model", "dtype")["default"]
 CONFIG_KEYS = (
     "seed",
