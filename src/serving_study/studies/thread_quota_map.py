@@ -124,100 +124,70 @@ def run_map_row(
     measurement lock from before its server starts until it has stopped, as an arm's
     run does.
     """
-    lock = MeasurementLock.acquire(
+    with MeasurementLock.acquire(
         sharing, holder=f"experiment {experiment}, map row {variant.name} t{threads}"
-    )
-    try:
-        return _measure_row(
-            experiment=experiment,
-            settings=settings,
-            threads=threads,
-            variant=variant,
-            workload_manifest=workload_manifest,
-            server_settings=server_settings,
-            client=client,
-            monitors=monitors,
-            cells_dir=cells_dir,
-            host_lock=lock.record,
+    ) as lock:
+        variant_name = variant.name
+        quotas = settings["cpu_quotas"]
+        cell_client = dataclasses.replace(
+            client, warmup_requests=settings["warmup_requests"]
         )
-    finally:
-        lock.release()
-
-
-def _measure_row(
-    *,
-    experiment: str,
-    settings: Mapping,
-    threads: int,
-    variant: Variant,
-    workload_manifest: Path,
-    server_settings: ServerSettings,
-    client: ClientSettings,
-    monitors: MonitorSettings,
-    cells_dir: Path,
-    host_lock: dict,
-) -> list[dict]:
-    variant_name = variant.name
-    quotas = settings["cpu_quotas"]
-    cell_client = dataclasses.replace(
-        client, warmup_requests=settings["warmup_requests"]
-    )
-    cells_dir.mkdir(parents=True, exist_ok=True)
-    server_paths = RunPaths.in_directory(cells_dir)
-    server_paths.server_log.write_text("")
-    group_name = owned_name(f"{experiment}-map-{variant_name}-t{threads}")
-    try:
-        # On failure it has stopped its server already: nothing to tear down here.
-        server, base_url = start_healthy_server(
-            server_settings,
-            variant,
-            cell_arm(settings, variant_name, threads, quotas[0]),
-            group_name,
-            server_paths,
-            cell_client,
-            workload_manifest,
-        )
-    except ArmFailed as failure:
-        reason = f"the row's server never served: {str(failure).splitlines()[0]}"
-        return [
-            failed_cell(settings, variant_name, threads, quota, reason)
-            for quota in quotas
-        ]
-    cells: list[dict] = []
-    try:
-        write_json(
-            cells_dir / "server.json",
-            {
-                "server_argv": server.argv,
-                "environment_in_force": recorded_environment(server.environment),
-                "server_info": read_server_info(base_url),
-                "started_at": now_iso(),
-                "host_lock": host_lock,
-            },
-        )
-        for quota in quotas:
-            if server.exit_code() is not None:
-                reason = f"the row's server had exited (code {server.exit_code()})"
-                cells.append(
-                    failed_cell(settings, variant_name, threads, quota, reason)
-                )
-                continue
-            cells.append(
-                measure_cell(
-                    server,
-                    base_url,
-                    cell_arm(settings, variant_name, threads, quota),
-                    server_settings,
-                    variant,
-                    workload_manifest,
-                    cell_client,
-                    monitors,
-                    cells_dir / f"quota-{quota_label(quota)}",
-                )
+        cells_dir.mkdir(parents=True, exist_ok=True)
+        server_paths = RunPaths.in_directory(cells_dir)
+        server_paths.server_log.write_text("")
+        group_name = owned_name(f"{experiment}-map-{variant_name}-t{threads}")
+        try:
+            # On failure it has stopped its server already: nothing to tear down here.
+            server, base_url = start_healthy_server(
+                server_settings,
+                variant,
+                cell_arm(settings, variant_name, threads, quotas[0]),
+                group_name,
+                server_paths,
+                cell_client,
+                workload_manifest,
             )
-    finally:
-        server.stop()
-    return cells
+        except ArmFailed as failure:
+            reason = f"the row's server never served: {str(failure).splitlines()[0]}"
+            return [
+                failed_cell(settings, variant_name, threads, quota, reason)
+                for quota in quotas
+            ]
+        cells: list[dict] = []
+        try:
+            write_json(
+                cells_dir / "server.json",
+                {
+                    "server_argv": server.argv,
+                    "environment_in_force": recorded_environment(server.environment),
+                    "server_info": read_server_info(base_url),
+                    "started_at": now_iso(),
+                    "host_lock": lock.record,
+                },
+            )
+            for quota in quotas:
+                if server.exit_code() is not None:
+                    reason = f"the row's server had exited (code {server.exit_code()})"
+                    cells.append(
+                        failed_cell(settings, variant_name, threads, quota, reason)
+                    )
+                    continue
+                cells.append(
+                    measure_cell(
+                        server,
+                        base_url,
+                        cell_arm(settings, variant_name, threads, quota),
+                        server_settings,
+                        variant,
+                        workload_manifest,
+                        cell_client,
+                        monitors,
+                        cells_dir / f"quota-{quota_label(quota)}",
+                    )
+                )
+        finally:
+            server.stop()
+        return cells
 
 
 def measure_cell(
