@@ -1,6 +1,7 @@
 """Helpers the whole-workflow and arm tests share: Snakemake on a test config, and
 what a study may leave on the host (segments, cgroups, processes, containers)."""
 
+import contextlib
 import json
 import os
 import signal
@@ -65,7 +66,7 @@ def fault_study_config(
     return base, override
 
 
-def as_a_terminal_job() -> None:
+def _sigint_as_in_a_terminal() -> None:
     """In the child before exec: Ctrl-C's SIGINT handled as in a terminal.
 
     A shell that starts a command in the background without job control (as CI
@@ -73,6 +74,26 @@ def as_a_terminal_job() -> None:
     Python then installs no KeyboardInterrupt handler, and an interrupt test would
     see a study that the signal never reached."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def terminal_job(command: list[str], log_path: Path):
+    """``command`` as a terminal starts a job: its own process group, which a
+    signal reaches whole (``os.killpg``), SIGINT handled, output to ``log_path``.
+    Whatever of the group still runs on leaving is killed."""
+    with open(log_path, "w") as log:
+        job = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            preexec_fn=_sigint_as_in_a_terminal,
+        )
+        try:
+            yield job
+        finally:
+            if job.poll() is None:
+                os.killpg(job.pid, signal.SIGKILL)
 
 
 def wait_for(find, snakemake: subprocess.Popen, timeout_s: float = 900):

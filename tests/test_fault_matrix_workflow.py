@@ -19,7 +19,6 @@ import pytest
 from study_helpers import (
     ROOT,
     TEST_CONFIG,
-    as_a_terminal_job,
     fault_study_config,
     job_log,
     leaked_segments,
@@ -30,6 +29,7 @@ from study_helpers import (
     study_containers,
     study_groups,
     study_leftovers,
+    terminal_job,
     wait_for,
 )
 
@@ -113,23 +113,13 @@ def test_ctrl_c_while_an_arm_container_serves_leaves_nothing(docker_engine, tmp_
         ROOT / "config" / "test" / "docker.yaml", experiment, tmp_path
     )
     log_path = tmp_path / "interrupted.log"
-    with open(log_path, "w") as log:
-        snakemake = subprocess.Popen(
-            snakemake_command(workdir, "--cores", "1", "all", config=config),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, as a terminal's job
-            preexec_fn=as_a_terminal_job,
-        )
-        try:
-            run = wait_for(lambda: serving_run(workdir, experiment), snakemake, 1800)
-            assert serving_container_owner(snakemake, experiment), "no container"
-            time.sleep(1.0)  # into the window, which lasts several seconds
-            os.killpg(snakemake.pid, signal.SIGINT)
-            returncode = snakemake.wait(timeout=300)
-        finally:
-            if snakemake.poll() is None:
-                os.killpg(snakemake.pid, signal.SIGKILL)
+    command = snakemake_command(workdir, "--cores", "1", "all", config=config)
+    with terminal_job(command, log_path) as snakemake:
+        run = wait_for(lambda: serving_run(workdir, experiment), snakemake, 1800)
+        assert serving_container_owner(snakemake, experiment), "no container"
+        time.sleep(1.0)  # into the window, which lasts several seconds
+        os.killpg(snakemake.pid, signal.SIGINT)
+        returncode = snakemake.wait(timeout=300)
     output = log_path.read_text()
     assert returncode != 0, output[-3000:]
     assert "Error in rule run_arm" in output, output[-3000:]

@@ -12,20 +12,19 @@ completes the study with every run valid.
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 from study_helpers import (
     TEST_CONFIG,
-    as_a_terminal_job,
     fault_study_config,
     job_log,
     rerun_finishes_valid,
     serving_run,
     snakemake_command,
     study_leftovers,
+    terminal_job,
     wait_for,
 )
 
@@ -51,23 +50,13 @@ def interrupt_then_resume(tmp_path: Path, signal_number: int) -> None:
     results = workdir / "results" / EXPERIMENT
     config = fault_study_config(TEST_CONFIG, EXPERIMENT, tmp_path)
     log_path = tmp_path / "interrupted.log"
-    with open(log_path, "w") as log:
-        snakemake = subprocess.Popen(
-            snakemake_command(workdir, "--cores", "1", "all", config=config),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,  # its own process group, as a terminal's job
-            preexec_fn=as_a_terminal_job,
-        )
-        try:
-            run = wait_for(lambda: serving_run(workdir, EXPERIMENT), snakemake)
-            assert not list(results.glob("*/run*/metrics.json")), "not the first arm"
-            time.sleep(1.0)  # into the window, which lasts several seconds
-            os.killpg(snakemake.pid, signal_number)
-            returncode = snakemake.wait(timeout=300)
-        finally:
-            if snakemake.poll() is None:
-                os.killpg(snakemake.pid, signal.SIGKILL)
+    command = snakemake_command(workdir, "--cores", "1", "all", config=config)
+    with terminal_job(command, log_path) as snakemake:
+        run = wait_for(lambda: serving_run(workdir, EXPERIMENT), snakemake)
+        assert not list(results.glob("*/run*/metrics.json")), "not the first arm"
+        time.sleep(1.0)  # into the window, which lasts several seconds
+        os.killpg(snakemake.pid, signal_number)
+        returncode = snakemake.wait(timeout=300)
     output = log_path.read_text()
     assert returncode != 0, output[-3000:]
     assert "Error in rule run_arm" in output, output[-3000:]
