@@ -1,16 +1,13 @@
 """The hashed locks install exactly what the requirements pin, and nothing unhashed."""
 
-import re
 from pathlib import Path
 
 import pytest
-from packaging.utils import canonicalize_name
 from packaging.version import Version
 
+from serving_study.sources.hashed_lock import canonical_name, read_hashed_lock
+
 ROOT = Path(__file__).resolve().parents[1]
-LOCKED = re.compile(
-    r"^([A-Za-z0-9_.\-]+)==(\S+) \\\n\s+--hash=sha256:([0-9a-f]{64})$", re.M
-)
 
 
 def pins(requirements: Path) -> dict[str, str]:
@@ -22,19 +19,16 @@ def pins(requirements: Path) -> dict[str, str]:
             found |= pins(requirements.parent / line[3:].strip())
         elif "==" in line:
             name, version = line.split("==")
-            found[canonicalize_name(name.split("[")[0])] = version.strip()
+            found[canonical_name(name.split("[")[0])] = version.strip()
     return found
 
 
-def locked(lock: Path) -> dict[str, tuple[str, str]]:
-    """name -> (version, sha256) of every entry, after checking each has a hash."""
-    text = "\n".join(
-        line for line in lock.read_text().splitlines() if not line.startswith("#")
-    )
-    entries = LOCKED.findall(text)
-    assert len(entries) == text.count("=="), f"{lock.name}: an entry without a hash"
+def locked(lock: Path) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """name -> (version, sha256 digests) of every entry; the reader refuses an
+    entry without a hash."""
+    packages = read_hashed_lock(lock.read_text(), lock.name)
     return {
-        canonicalize_name(name): (version, digest) for name, version, digest in entries
+        name: (package.version, package.sha256) for name, package in packages.items()
     }
 
 
