@@ -149,6 +149,12 @@ def test_failed_request_and_late_dispatch_make_the_run_invalid():
             "server process loaded: the patch does not touch the code under study",
         ),
         (
+            {"gc_never_resumed_pids": [101, 102]},
+            "the garbage collector paused for the server's start-up never came back "
+            "on in pid 101, 102: SGLang's post-warm-up gc freeze did not run there "
+            "(is --skip-server-warmup set?)",
+        ),
+        (
             {"stand_in_placeholders_called": ["fused_sigmoid_mul_cpu"]},
             "the sgl-kernel stand-in's placeholders ran: fused_sigmoid_mul_cpu",
         ),

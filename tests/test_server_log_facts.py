@@ -3,6 +3,7 @@
 import json
 
 from serving_study.measure.server_log_facts import (
+    gc_never_resumed,
     inline_fallback_reported,
     is_reported,
     loaded_modules,
@@ -86,3 +87,15 @@ def test_sglangs_own_inline_warning_is_recognised():
     )
     assert inline_fallback_reported(LOG + "\n" + warning)
     assert not inline_fallback_reported(LOG)
+
+
+def test_a_process_that_loaded_the_module_must_resume_its_collector():
+    # 100 and 101 loaded mm_utils; 55 (say, multiprocessing's resource tracker)
+    # never loads it and never freezes, so it is not asked to resume.
+    assert gc_never_resumed(LOG) == [100, 101]
+    resumed = "serving-study gc resumed in pid 101\nserving-study gc resumed in pid 55"
+    assert gc_never_resumed(LOG + "\n" + resumed) == [100]
+    assert (
+        gc_never_resumed(resumed + "\nserving-study gc resumed in pid 100\n" + LOG)
+        == []
+    )

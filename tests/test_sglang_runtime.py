@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from serving_study.measure.server_log_facts import GC_RESUMED_LINE
 from serving_study.sources import sglang_runtime
 from serving_study.sources.hashed_lock import logical_lines
 from serving_study.sources.recorded_files import RecordedFileChanged
@@ -355,6 +356,51 @@ def test_the_probe_reports_from_a_spawned_process(tmp_path):
     (line,) = probe_lines(finished.stderr)
     assert line["pid"] == int(finished.stdout.split()[-1])
     assert line["file"] == str(module)
+
+
+def test_the_collector_is_paused_only_when_asked_and_resumes_at_the_first_freeze(
+    tmp_path,
+):
+    script = textwrap.dedent(
+        """
+        import gc, json
+        before = {"enabled": gc.isenabled(), "freeze": gc.freeze.__name__}
+        junk = []
+        junk.append(junk)  # a cycle only the collector frees
+        del junk
+        gc.freeze()
+        after = {"enabled": gc.isenabled(), "freeze": gc.freeze.__name__}
+        gc.freeze()
+        frozen = gc.get_freeze_count()
+        print(json.dumps({"before": before, "after": after, "frozen": frozen}))
+        """
+    )
+    asked = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=dict(
+            os.environ, PYTHONPATH=str(PROBE), SERVING_STUDY_PAUSE_GC_AT_START="1"
+        ),
+        check=True,
+    )
+    facts = json.loads(asked.stdout)
+    assert facts["before"] == {"enabled": False, "freeze": "resume_then_freeze"}
+    assert facts["after"] == {"enabled": True, "freeze": "freeze"}
+    assert facts["frozen"] > 0
+    resumed = [line for line in asked.stderr.splitlines() if "gc resumed" in line]
+    assert len(resumed) == 1 and GC_RESUMED_LINE.fullmatch(resumed[0])
+
+    untouched = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, PYTHONPATH=str(PROBE)),
+        check=True,
+    )
+    facts = json.loads(untouched.stdout)
+    assert facts["before"] == {"enabled": True, "freeze": "freeze"}
+    assert "gc resumed" not in untouched.stderr
 
 
 # --- The built runtime and the sgl-kernel stand-in (slow) ---------------------------

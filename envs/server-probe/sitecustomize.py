@@ -9,7 +9,9 @@ spec's loader so that, once the module has executed, one line goes to stderr::
                            "title": ..., "torch_threads": ..., "environment": ...}
 
 Nothing else is changed: other modules are not touched, and torch is read from
-``sys.modules`` (never imported here).
+``sys.modules`` (never imported here). The one exception is asked for by the
+runner and undone before the server is healthy: Python's garbage collector is
+paused during start-up (``serving_study_startup_gc``).
 """
 
 import hashlib
@@ -19,6 +21,8 @@ import sys
 from collections.abc import Sequence
 from importlib.machinery import ModuleSpec
 from types import ModuleType
+
+import serving_study_startup_gc
 
 PROBED_MODULE = "sglang.srt.managers.mm_utils"
 # More modules to report, comma-separated: the runner names those a variant's
@@ -102,3 +106,4 @@ class MmUtilsProbe:
 
 
 sys.meta_path.insert(0, MmUtilsProbe())
+serving_study_startup_gc.pause_until_first_freeze()

@@ -46,7 +46,11 @@ CPU_SERVER_FLAGS = (
     "--disable-cuda-graph",
     "--sleep-on-idle",
 )
-CPU_ENVIRONMENT = {"SGLANG_USE_CPU_ENGINE": "1"}
+# The load probe pauses Python's garbage collector in each server process until
+# SGLang's own post-warm-up gc freeze (envs/server-probe/serving_study_startup_gc.py):
+# a fifth of a fresh server's start on a 2-core host; the runner checks it resumed.
+STARTUP_GC_PAUSE_VARIABLE = "SERVING_STUDY_PAUSE_GC_AT_START"
+CPU_ENVIRONMENT = {"SGLANG_USE_CPU_ENGINE": "1", STARTUP_GC_PAUSE_VARIABLE: "1"}
 
 # What a run on a CPU host does not share with a GPU host, for the report.
 CPU_HOST_DIFFERENCES = (
@@ -64,6 +68,9 @@ CPU_HOST_DIFFERENCES = (
     "no CUDA graphs, --sleep-on-idle and SGLANG_USE_CPU_ENGINE=1, and a pure-torch "
     "stand-in for sgl-kernel's CPU build, whose placeholders never ran (checked).",
     "There is no cuda_ipc transport and no GPU utilisation to report.",
+    "Each server process starts with Python's garbage collector paused, to start "
+    "faster on few cores; SGLang's own gc freeze after its warm-up request turns "
+    "it back on before the server is healthy (checked in every process).",
 )
 
 # Relative to the project root; each holds packages put on the server's PYTHONPATH.

@@ -154,6 +154,13 @@ def _identity_reasons(checks: dict) -> list[str]:
             f"the variant's change is to {module.replace('.', '/')}.py, which no "
             "server process loaded: the patch does not touch the code under study"
         )
+    never_resumed = checks.get("gc_never_resumed_pids") or []
+    if never_resumed:
+        reasons.append(
+            "the garbage collector paused for the server's start-up never came back "
+            f"on in pid {', '.join(map(str, never_resumed))}: SGLang's post-warm-up "
+            "gc freeze did not run there (is --skip-server-warmup set?)"
+        )
     placeholders = checks.get("stand_in_placeholders_called") or []
     if placeholders:
         reasons.append(

@@ -11,9 +11,10 @@ import os
 
 import psutil
 
-from serving_study.config.platform import PROJECT_ROOT
+from serving_study.config.platform import PROJECT_ROOT, STARTUP_GC_PAUSE_VARIABLE
 from serving_study.config.records import Arm, ClientSettings, ServerSettings, Variant
 from serving_study.measure.server_log_facts import (
+    gc_never_resumed,
     inline_fallback_reported,
     is_reported,
     loaded_modules,
@@ -120,6 +121,8 @@ def server_identity(
             {f"{call.op} ({call.title})" for call in calls if not call.placeholder}
         ),
     }
+    if server.environment.get(STARTUP_GC_PAUSE_VARIABLE) == "1":
+        facts["gc_never_resumed_pids"] = gc_never_resumed(log_text)
     if load is None:
         facts["not_checked"].append(
             "mm_utils.py loaded and intra-op threads: the server's main process "

@@ -7,8 +7,10 @@ under study prints one ``serving-study loaded: {json}`` line with the file it
 loaded, that file's sha256, its pid, its title and torch's intra-op thread
 count at that moment. On CPU hosts the sgl-kernel stand-in prints a
 ``serving-study stand-in: <op> called in pid <pid> (<title>)`` line the first
-time a process calls one of its ops. SGLang itself prints a warning once when an
-image went inline because ``/dev/shm`` was full. This module reads those lines;
+time a process calls one of its ops. A process whose garbage collector was paused
+for start-up prints ``serving-study gc resumed in pid <pid>`` when it turns it back
+on. SGLang itself prints a warning once when an image went inline because
+``/dev/shm`` was full. This module reads those lines;
 the arm runner turns them into checks.
 """
 
@@ -24,6 +26,7 @@ STAND_IN_LINE = re.compile(
     r"serving-study stand-in: (?P<placeholder>placeholder )?(?P<op>\S+) "
     r"called in pid (?P<pid>\d+) \((?P<title>.*)\)"
 )
+GC_RESUMED_LINE = re.compile(r"serving-study gc resumed in pid (?P<pid>\d+)")
 INLINE_FALLBACK_TEXT = "falling back to inline transport"
 TRANSPORT_MODULE = "sglang.srt.managers.mm_utils"
 # Further modules the probe reports, named by the runner (comma-separated).
@@ -100,6 +103,23 @@ def stand_in_calls(log_text: str) -> list[StandInCall]:
                 )
             )
     return calls
+
+
+def gc_resumed_pids(log_text: str) -> set[int]:
+    """The processes that turned their start-up-paused garbage collector back on."""
+    return {int(match["pid"]) for match in GC_RESUMED_LINE.finditer(log_text)}
+
+
+def gc_never_resumed(log_text: str) -> list[int]:
+    """Processes that loaded the module under study but never resumed their
+    garbage collector (meaningful only when the pause was asked for)."""
+    resumed = gc_resumed_pids(log_text)
+    loaders = {
+        report.pid
+        for report in loaded_modules(log_text)
+        if report.module == TRANSPORT_MODULE
+    }
+    return sorted(loaders - resumed)
 
 
 def inline_fallback_reported(log_text: str) -> bool:
