@@ -1,12 +1,18 @@
 # Helpers shared by every stage: the checked config and its records, lookups by name,
 # wildcard constraints, the seeded order of the arms, and the lists of files each
 # stage needs. No rules live here.
+import os
 import re
 import sys
 from pathlib import Path
 
 PROJECT_ROOT = Path(workflow.basedir)
 sys.path.insert(0, str(PROJECT_ROOT / "src"))
+# Each job's Python finds this package in src/ too, installed or not: a rule's conda
+# environment (envs/workflow.yaml) then needs only the third-party packages.
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    filter(None, [str(PROJECT_ROOT / "src"), os.environ.get("PYTHONPATH")])
+)
 
 from serving_study.config.arm_order import priority
 from serving_study.config.records import (

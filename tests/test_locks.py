@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import yaml
 from packaging.version import Version
 
 from serving_study.sources.hashed_lock import canonical_name, read_hashed_lock
@@ -61,3 +62,21 @@ def test_the_quick_start_installs_from_the_locks_with_hashes_required():
     readme = (ROOT / "README.md").read_text()
     for lock in ("envs/workflow.lock", "envs/test.lock"):
         assert f"pip install --require-hashes -r {lock}" in readme
+
+
+def test_the_conda_environment_of_every_rule_is_the_workflow_lock():
+    """Snakemake copies envs/workflow.yaml before conda reads it, so the file holds
+    the lock's lines itself (lock_requirements.py writes both)."""
+    environment = yaml.safe_load((ROOT / "envs/workflow.yaml").read_text())
+    dependencies = environment["dependencies"]
+    assert "python=3.11" in dependencies
+    (pip_section,) = [entry for entry in dependencies if isinstance(entry, dict)]
+    options = [line for line in pip_section["pip"] if line.startswith("--")]
+    assert options == ["--extra-index-url https://download.pytorch.org/whl/cpu"]
+    requirements = "\n".join(
+        line for line in pip_section["pip"] if not line.startswith("--")
+    )
+    as_conda_installs = read_hashed_lock(requirements, "envs/workflow.yaml")
+    assert as_conda_installs == read_hashed_lock(
+        (ROOT / "envs/workflow.lock").read_text(), "envs/workflow.lock"
+    )
