@@ -92,6 +92,8 @@ rule aggregate:
         claims="results/{experiment}/tables/claims.csv",
     log:
         "results/logs/aggregate/{experiment}.log",
+    benchmark:
+        "results/benchmarks/jobs/aggregate/{experiment}.tsv"
     localrule: True
     conda:
         "../envs/workflow.yaml"
@@ -169,6 +171,8 @@ rule report_html:
         ),
     log:
         "results/logs/report_html/{experiment}.log",
+    benchmark:
+        "results/benchmarks/jobs/report_html/{experiment}.tsv"
     localrule: True
     conda:
         "../envs/workflow.yaml"

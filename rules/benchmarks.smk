@@ -2,8 +2,9 @@
 # rate and TTFT overhead against a server that does no work, a lagging client making
 # a run invalid, the monitors' CPU, one real arm's wall time beyond its measured
 # window, each variant's shared-memory copy beside memcpy, and the default study's
-# wall time. `snakemake --cores 1 harness_benchmarks` measures once (a few minutes,
-# the whole host) and prints the figures; `--forcerun measure_harness` measures again.
+# wall time (from its jobs' benchmark files: the study runs first where it has not).
+# `snakemake --cores 1 harness_benchmarks` measures once (a few minutes, the whole
+# host) and prints the figures; `--forcerun measure_harness` measures again.
 
 # The arm and workload the benchmarks use: the config's first arm (in the default
 # config, arm A on the 512 px workload).
@@ -11,14 +12,20 @@ BENCHMARK_ARM = next(iter(ARMS.values()))
 # The study's highest throughput (STUDY.md, P4: cuda_ipc at concurrency 16): the
 # rate the client must exceed many times over.
 STUDY_PEAK_RPS = 25.7
-# One output of every job of the study (`all`), whose records give its wall time.
-STUDY_JOB_OUTPUTS = [
-    *(f"resources/sources/{source}/identity.json" for source in SOURCES),
-    *variant_identity_files(),
-    *(f"results/workloads/{workload}/manifest.json" for workload in WORKLOADS),
-    f"results/{EXPERIMENT}/host.json",
-    *run_metrics_files(),
-    *final_outputs(),
+# The benchmark file of every job of the study (`all`): their seconds add up to its
+# wall time.
+STUDY_JOB_BENCHMARKS = [
+    *(f"results/benchmarks/jobs/fetch_source/{source}.tsv" for source in SOURCES),
+    *(f"results/benchmarks/jobs/prepare_variant/{name}.tsv" for name in VARIANTS),
+    *(f"results/benchmarks/jobs/make_workload/{name}.tsv" for name in WORKLOADS),
+    *(
+        f"results/benchmarks/jobs/{rule}/{EXPERIMENT}.tsv"
+        for rule in ("preflight", "aggregate", "report_html")
+    ),
+    *(
+        f"results/benchmarks/jobs/run_arm/{EXPERIMENT}/{arm}/run{run}.tsv"
+        for arm, run in arm_runs()
+    ),
 ]
 
 
@@ -27,6 +34,12 @@ rule measure_harness:
         workload=f"results/workloads/{BENCHMARK_ARM.workload}/manifest.json",
         arm_variant=f"results/variants/{BENCHMARK_ARM.variant}.json",
         variants=variant_identity_files(),
+        study_jobs=STUDY_JOB_BENCHMARKS,
+        study_runs=[
+            f"{run_directory(arm, run)}/{record}.json"
+            for arm, run in arm_runs()
+            for record in ("metrics", "provenance")
+        ],
     output:
         figures="results/benchmarks/harness.json",
         details=directory("results/benchmarks/harness"),
@@ -49,11 +62,6 @@ rule measure_harness:
             # Rows of Qwen3-VL's pixel values for one image (16 px patches, 2 frames).
             "shm_rows_per_image_size": {"512": 1024, "1024": 4096, "2048": 16384},
             "shm_repeats": 15,
-            "snakemake_metadata": ".snakemake/metadata",
-            "study_outputs": STUDY_JOB_OUTPUTS,
-            "study_run_directories": [
-                run_directory(arm, run) for arm, run in arm_runs()
-            ],
         },
         arm=BENCHMARK_ARM.as_config(),
         server=SERVER.as_config(),

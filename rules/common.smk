@@ -10,8 +10,10 @@ PROJECT_ROOT = Path(workflow.basedir)
 sys.path.insert(0, str(PROJECT_ROOT / "src"))
 # Each job's Python finds this package in src/ too, installed or not: a rule's conda
 # environment (envs/workflow.yaml) then needs only the third-party packages.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    filter(None, [str(PROJECT_ROOT / "src"), os.environ.get("PYTHONPATH")])
+os.environ.update(
+    PYTHONPATH=os.pathsep.join(
+        [str(PROJECT_ROOT / "src"), *filter(None, [os.getenv("PYTHONPATH")])]
+    )
 )
 
 from serving_study.config.arm_order import priority

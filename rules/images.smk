@@ -50,6 +50,8 @@ rule wheelhouse:
     log:
         messages="results/logs/wheelhouse/messages.log",
         pip="results/logs/wheelhouse/pip.log",
+    benchmark:
+        "results/benchmarks/jobs/wheelhouse/embedded.tsv"
     priority: PREPARATION_PRIORITY
     retries: 1
     localrule: True
@@ -72,6 +74,8 @@ rule wheelhouse_sglang_cpu:
     log:
         messages="results/logs/wheelhouse-sglang-cpu/messages.log",
         pip="results/logs/wheelhouse-sglang-cpu/pip.log",
+    benchmark:
+        "results/benchmarks/jobs/wheelhouse_sglang_cpu/sglang-cpu.tsv"
     priority: PREPARATION_PRIORITY
     retries: 1
     localrule: True
@@ -99,6 +103,8 @@ rule build_image:
     log:
         messages="results/logs/build_image/{variant}.log",
         build="results/logs/build_image/{variant}.build.log",
+    benchmark:
+        "results/benchmarks/jobs/build_image/{variant}.tsv"
     priority: PREPARATION_PRIORITY
     conda:
         "../envs/workflow.yaml"

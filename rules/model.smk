@@ -8,6 +8,8 @@ rule model:
         snapshot="resources/models/{model}/snapshot.json",
     log:
         "results/logs/model/{model}.log",
+    benchmark:
+        "results/benchmarks/jobs/model/{model}.tsv"
     priority: PREPARATION_PRIORITY
     retries: 1
     localrule: True
@@ -31,6 +33,8 @@ rule tiny_model:
         model=directory("resources/tiny-models/{model}/model"),
     log:
         "results/logs/tiny_model/{model}.log",
+    benchmark:
+        "results/benchmarks/jobs/tiny_model/{model}.tsv"
     priority: PREPARATION_PRIORITY
     localrule: True
     conda:

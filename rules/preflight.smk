@@ -14,6 +14,8 @@ rule preflight:
         host="results/{experiment}/host.json",
     log:
         "results/logs/preflight/{experiment}.log",
+    benchmark:
+        "results/benchmarks/jobs/preflight/{experiment}.tsv"
     priority: PREPARATION_PRIORITY
     conda:
         "../envs/workflow.yaml"

@@ -12,6 +12,8 @@ rule sglang_runtime:
         runtime="resources/sglang-runtime/runtime.json",
     log:
         "results/logs/sglang_runtime.log",
+    benchmark:
+        "results/benchmarks/jobs/sglang_runtime/runtime.tsv"
     priority: PREPARATION_PRIORITY
     localrule: True
     conda:

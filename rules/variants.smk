@@ -10,6 +10,8 @@ rule fetch_source:
         tree=directory("resources/sources/{source}/tree"),
     log:
         "results/logs/fetch_source/{source}.log",
+    benchmark:
+        "results/benchmarks/jobs/fetch_source/{source}.tsv"
     priority: PREPARATION_PRIORITY
     retries: 1
     localrule: True
@@ -31,6 +33,8 @@ rule prepare_variant:
         tree=directory("results/variants/{variant}/source"),
     log:
         "results/logs/prepare_variant/{variant}.log",
+    benchmark:
+        "results/benchmarks/jobs/prepare_variant/{variant}.tsv"
     priority: PREPARATION_PRIORITY
     localrule: True
     conda:

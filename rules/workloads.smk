@@ -8,6 +8,8 @@ rule make_workload:
         images=directory("results/workloads/{workload}/images"),
     log:
         "results/logs/make_workload/{workload}.log",
+    benchmark:
+        "results/benchmarks/jobs/make_workload/{workload}.tsv"
     priority: PREPARATION_PRIORITY
     localrule: True
     conda:

@@ -6,7 +6,7 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.config.records import HostSharing
+from serving_study.config.records import Arm, HostSharing, Workload
 from serving_study.measure.host_sharing import MeasurementLock
 from serving_study.servers.host import container_runtimes, describe_host, unmet_needs
 from serving_study.servers.leftovers import reap_leftovers
@@ -16,6 +16,8 @@ logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
 log = logging.getLogger("preflight")
 
 engine = snakemake.params.engine
+arms = [Arm.from_config(arm) for arm in snakemake.params.arms]
+workloads = [Workload.from_config(workload) for workload in snakemake.params.workloads]
 sharing = HostSharing.from_config(dict(snakemake.params.sharing))
 answering = tuple(
     name
@@ -26,9 +28,9 @@ answering = tuple(
 holder = f"preflight of experiment {snakemake.wildcards.experiment}"
 with MeasurementLock.acquire(sharing, holder):
     reaped = reap_leftovers(answering)
-host = describe_host(engine, snakemake.params.arms, snakemake.input.fixes_tables)
+host = describe_host(engine, arms, snakemake.input.fixes_tables)
 host["leftovers_reaped"] = reaped.to_dict()
-needs = unmet_needs(host, engine, snakemake.params.arms, snakemake.params.workloads)
+needs = unmet_needs(host, engine, arms, workloads)
 for arm in host["arms"]:
     if arm["warning"]:
         log.warning("WARNING: %s", arm["warning"])

@@ -17,6 +17,7 @@ from serving_study.analysis.aggregate import (
     tables_from_metrics,
     write_tables,
 )
+from serving_study.config.records import Arm
 from serving_study.measure.run_metrics import METRICS, failed_run_metrics, summarize_run
 
 FIXTURE = Path(__file__).parent / "fixtures" / "report"
@@ -28,7 +29,7 @@ def fixture_config() -> dict:
 
 def write_fixture_metrics(out_dir: Path) -> list[Path]:
     """Summarize every fixture run into out_dir/<arm>/run<k>/metrics.json."""
-    arms = {arm["name"]: arm for arm in fixture_config()["arms"]}
+    arms = {arm["name"]: Arm.from_config(arm) for arm in fixture_config()["arms"]}
     paths = []
     for directory in sorted((FIXTURE / "runs").glob("*/run*")):
         checks = json.loads((directory / "checks.json").read_text())
@@ -109,7 +110,7 @@ def test_no_interval_below_five_runs_and_the_note_says_why(tables):
 
 def test_five_valid_runs_get_a_reproducible_bootstrap_interval():
     config = fixture_config()
-    arm = config["arms"][0]
+    arm = Arm.from_config(config["arms"][0])
     records = []
     for run, value in enumerate([10.0, 11.0, 12.0, 13.0, 30.0], start=1):
         record = failed_run_metrics(arm, run, "unused")
@@ -208,7 +209,11 @@ def test_within_claim_holds_for_close_arms(tmp_path):
 def test_crashed_run_counts_in_the_total_but_not_the_median(tmp_path):
     config = fixture_config()
     records = [json.loads(p.read_text()) for p in write_fixture_metrics(tmp_path)]
-    records.append(failed_run_metrics(config["arms"][0], 4, "server died at start"))
+    records.append(
+        failed_run_metrics(
+            Arm.from_config(config["arms"][0]), 4, "server died at start"
+        )
+    )
 
     tables = tables_from_metrics(records, config)
     row = arm_row(tables, "original", "throughput_rps")

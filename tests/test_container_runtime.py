@@ -23,6 +23,7 @@ from PIL import Image
 from study_helpers import docker, snakemake_command
 
 from serving_study.config.platform import CPU_PLATFORM, GPU_PLATFORM
+from serving_study.config.records import Arm
 from serving_study.engine.preprocess import preprocess_image
 from serving_study.measure.server_queries import ServerNeverHealthy, wait_until_healthy
 from serving_study.servers.container_commands import (
@@ -277,10 +278,15 @@ def test_preflight_refuses_a_quota_docker_cannot_give():
         "container_runtimes": {"docker": {"installed": True, "engine_reachable": True}},
     }
     docker_engine = {"engine": "embedded", "runtime": "docker"}
-    arms = [{"name": "A", "cpu_quota": 13.6}, {"name": "B", "cpu_quota": "none"}]
+    minimal = {"variant": "v", "workload": "w", "concurrency": 1, "requests": 1}
+    arms = [
+        Arm.from_config(minimal | {"name": "A", "cpu_quota": 13.6}),
+        Arm.from_config(minimal | {"name": "B", "cpu_quota": "none"}),
+    ]
     (need,) = unmet_needs(host, docker_engine, arms)
     assert "may not exceed this host's 2 CPUs" in need and "13.6" in need
-    assert unmet_needs(host, docker_engine, [{"name": "A", "cpu_quota": 2}]) == []
+    fitting = Arm.from_config(minimal | {"name": "A", "cpu_quota": 2})
+    assert unmet_needs(host, docker_engine, [fitting]) == []
 
 
 def test_quota_text_as_read_inside():

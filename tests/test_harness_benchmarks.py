@@ -6,7 +6,6 @@ variant's own ShmPointerMMData in a fresh process, one real embedded arm (slow).
 No speed is asserted: speeds are the benchmark target's figures, not tests.
 """
 
-import base64
 import json
 import os
 from pathlib import Path
@@ -230,45 +229,38 @@ def test_each_variant_copy_is_timed_beside_memcpy_with_the_server_threads(
 # --- The default study's wall time -----------------------------------------------
 
 
-def write_record(metadata: Path, output: str, record: dict, name_max: int = 255):
-    """A Snakemake metadata record, named as Snakemake names it."""
-    encoded = base64.urlsafe_b64encode(output.encode()).decode()
-    chunks = [
-        encoded[i : i + name_max - 1] for i in range(0, len(encoded), name_max - 1)
-    ]
-    path = metadata.joinpath(*["@" + chunk for chunk in chunks[:-1]], chunks[-1])
+def write_benchmark(root: Path, job: str, seconds: float) -> Path:
+    """A job's benchmark file as Snakemake writes it (tab-separated, ``s`` first)."""
+    path = root / "results/benchmarks/jobs" / f"{job}.tsv"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record))
+    path.write_text(
+        "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load"
+        f"\tcpu_time\n{seconds}\t0:00:{int(seconds):02d}\t1.0\t2.0\t1.0\t1.0"
+        "\t0.0\t0.0\t50.0\t1.5\n"
+    )
+    return path
 
 
-def test_the_study_wall_time_sums_its_jobs_from_snakemake_records(tmp_path):
-    metadata = tmp_path / "metadata"
-    run = "results/exp/" + "a" * 300 + "/run1"  # a record name split in directories
-    jobs = [  # (outputs, rule, log, start, end)
-        (["resources/sources/s/identity.json"], "fetch_source", "l1", 0, 7),
-        (["results/exp/host.json"], "preflight", "l2", 1000, 1006),
-        ([f"{run}/metrics.json", f"{run}/monitors.json"], "run_arm", "l3", 1006, 1030),
-        (["results/exp/report.html"], "report_html", "l4", 1031, 1036),
-        (["results/exp/other.json"], "another_rule", "l5", 2000, 2100),
+def test_the_study_wall_time_sums_its_jobs_benchmarks(tmp_path):
+    jobs = [
+        write_benchmark(tmp_path, "fetch_source/s", 7.25),
+        write_benchmark(tmp_path, "preflight/exp", 6),
+        write_benchmark(tmp_path, "run_arm/exp/A/run1", 24),
+        write_benchmark(tmp_path, "run_arm/exp/B/run1", 20.5),
+        write_benchmark(tmp_path, "report_html/exp", 5),
     ]
-    for outputs, rule, log, start, end in jobs:
-        for offset, output in enumerate(outputs):
-            record = {"rule": rule, "log": [log], "starttime": start + offset * 1e-4}
-            write_record(metadata, output, record | {"endtime": end})
-    study_outputs = [
-        "resources/sources/s/identity.json",
-        "results/exp/host.json",
-        f"{run}/metrics.json",
-        "results/exp/report.html",
-    ]
+    write_benchmark(tmp_path, "another_rule/x", 100)  # not the study's
 
-    figures = default_study_wall(metadata, study_outputs)
+    figures = default_study_wall(jobs)
 
-    assert figures["jobs"] == 4
-    assert figures["default_study_wall_s"] == 7 + 6 + 24 + 5
-    assert figures["last_stretch_jobs"] == 3
-    assert figures["last_stretch_span_s"] == 36
-    assert figures["seconds_by_rule"]["run_arm"] == 24
+    assert figures["jobs"] == 5
+    assert figures["default_study_wall_s"] == 62.8
+    assert figures["seconds_by_rule"] == {
+        "fetch_source": 7.2,
+        "preflight": 6.0,
+        "report_html": 5.0,
+        "run_arm": 44.5,
+    }
 
     run_directory = tmp_path / "run1"
     run_directory.mkdir()
@@ -276,18 +268,16 @@ def test_the_study_wall_time_sums_its_jobs_from_snakemake_records(tmp_path):
     (run_directory / "metrics.json").write_text(json.dumps({"measured_seconds": 10}))
     estimate = with_current_arm_overhead(figures, [run_directory], 6)
     assert estimate["recorded_arm_overhead_s_median"] == 14
-    assert estimate["estimated_wall_s_with_measured_arm_overhead"] == 42 - 14 + 6
+    assert estimate["estimated_wall_s_with_measured_arm_overhead"] == 62.8 - 14 + 6
 
 
-def test_without_records_the_study_wall_time_is_null_with_a_reason(tmp_path):
-    figures = default_study_wall(tmp_path / "none", ["results/x.json"])
+def test_a_job_without_its_benchmark_leaves_the_study_wall_time_null(tmp_path):
+    present = write_benchmark(tmp_path, "preflight/exp", 6)
+    missing = tmp_path / "results/benchmarks/jobs/run_arm/exp/A/run1.tsv"
+    figures = default_study_wall([present, missing])
     assert figures["default_study_wall_s"] is None
-    assert "never ran" in figures["reason"]
-
-    (tmp_path / "metadata").mkdir()
-    figures = default_study_wall(tmp_path / "metadata", ["results/x.json"])
-    assert figures["default_study_wall_s"] is None
-    assert "results/x.json" in figures["reason"]
+    assert str(missing) in figures["reason"]
+    assert default_study_wall([])["default_study_wall_s"] is None
 
 
 # --- One real arm -----------------------------------------------------------------

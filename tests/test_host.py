@@ -1,5 +1,8 @@
 """The preflight's host description and the needs it refuses to run without."""
 
+import dataclasses
+
+from serving_study.config.records import Arm, Workload
 from serving_study.servers.host import (
     arm_thread_plan,
     feature_bytes,
@@ -7,13 +10,25 @@ from serving_study.servers.host import (
     unmet_needs,
 )
 
+
+def workload(**fields) -> Workload:
+    return Workload.from_config({"images": 1, **fields})
+
+
+def arm(**fields) -> Arm:
+    """An arm of the given fields; the ones these tests do not look at filled in."""
+    return Arm.from_config(
+        {"variant": "v", "workload": "w512", "concurrency": 1, "requests": 1, **fields}
+    )
+
+
 WORKLOADS = [
-    {"name": "w512", "width": 512, "height": 512},
-    {"name": "w2048", "width": 2048, "height": 2048},
+    workload(name="w512", width=512, height=512),
+    workload(name="w2048", width=2048, height=2048),
 ]
 ARMS = [
-    {"name": "small", "workload": "w512", "concurrency": 16, "cpu_quota": 0.5},
-    {"name": "big", "workload": "w2048", "concurrency": 4, "cpu_quota": "none"},
+    arm(name="small", workload="w512", concurrency=16, cpu_quota=0.5),
+    arm(name="big", workload="w2048", concurrency=4, cpu_quota="none"),
 ]
 LOCAL = {"engine": "embedded", "runtime": "local"}
 
@@ -31,8 +46,8 @@ def host(**overrides) -> dict:
 
 
 def test_feature_sizes_are_qwen3_vl_pixel_values():
-    assert feature_bytes({"width": 512, "height": 512}) == 6 * 1024**2
-    assert feature_bytes({"width": 2048, "height": 2048}) == 96 * 1024**2
+    assert feature_bytes(512, 512) == 6 * 1024**2
+    assert feature_bytes(2048, 2048) == 96 * 1024**2
 
 
 def test_shared_memory_need_is_the_busiest_arm():
@@ -46,9 +61,8 @@ def test_too_little_shared_memory_is_refused_naming_the_sizes():
 
 
 def test_enough_shared_memory_passes():
-    assert (
-        unmet_needs(host(), LOCAL, [ARMS[1] | {"cpu_quota": "none"}], WORKLOADS) == []
-    )
+    no_quota = dataclasses.replace(ARMS[1], cpu_quota=None)
+    assert unmet_needs(host(), LOCAL, [no_quota], WORKLOADS) == []
 
 
 def test_sglang_engine_on_cuda_without_gpu_is_refused_and_on_cpu_is_not():
@@ -60,10 +74,17 @@ def test_sglang_engine_on_cuda_without_gpu_is_refused_and_on_cpu_is_not():
     assert not any("GPU" in need for need in unmet_needs(host(), on_cpu, [], None))
 
 
-def test_sglang_on_cpu_without_a_c_compiler_is_refused(monkeypatch):
+def test_sglang_on_cpu_needs_a_c_compiler_only_where_an_arm_compiles(monkeypatch):
     monkeypatch.setattr("shutil.which", lambda name: None)
     on_cpu = {"engine": "sglang", "runtime": "local", "sglang_device": "cpu"}
-    needs = unmet_needs(host(), on_cpu, [], None)
+    # The CPU platform turns torch.compile off: nothing to compile, no compiler.
+    plain = arm(name="plain", cpu_quota="none")
+    needs = unmet_needs(host(), on_cpu, [plain])
+    assert not any("C compiler" in need for need in needs)
+    compiling = arm(
+        name="compiling", cpu_quota="none", environment={"TORCHDYNAMO_DISABLE": "0"}
+    )
+    needs = unmet_needs(host(), on_cpu, [plain, compiling])
     assert any("needs a C compiler" in need and "gcc" in need for need in needs)
 
 
@@ -77,12 +98,8 @@ def test_container_runtime_without_engine_is_refused():
 def test_threads_far_above_the_quota_are_warned_about():
     plan = arm_thread_plan(
         [
-            {"name": "default", "cpu_quota": 0.5, "environment": {}},
-            {
-                "name": "capped",
-                "cpu_quota": 0.5,
-                "environment": {"OMP_NUM_THREADS": "1"},
-            },
+            arm(name="default", cpu_quota=0.5, environment={}),
+            arm(name="capped", cpu_quota=0.5, environment={"OMP_NUM_THREADS": "1"}),
         ]
     )
     default, capped = plan

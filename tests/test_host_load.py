@@ -8,6 +8,7 @@ import os
 
 import pytest
 
+from serving_study.config.records import Arm
 from serving_study.measure.host_load import HostCpu, HostLoadMeter, parse_proc_stat
 from serving_study.measure.run_validity import invalid_reasons
 from serving_study.servers.cpu_group import CpuStat
@@ -89,12 +90,23 @@ def test_every_server_group_and_the_runner_count_as_the_runs_own():
     assert load["other_cores"] == pytest.approx(0.2)
 
 
-ARM = {"name": "A", "cpu_quota": "none"}
+ARM = Arm.from_config(
+    {
+        "name": "A",
+        "variant": "v",
+        "workload": "w",
+        "cpu_quota": "none",
+        "concurrency": 1,
+        "requests": 1,
+    }
+)
+# The one measured request the arm asks for, completed: only the load is in question.
+LOG = [{"index": 0, "phase": "measured", "status": 200, "error": None, "end_s": 1.0}]
 
 
 def reasons(load: dict, allowed: float | None) -> list[str]:
     checks = {"max_other_load_cores_allowed": allowed}
-    return invalid_reasons([], {"host_load": load}, ARM, checks)
+    return invalid_reasons(LOG, {"host_load": load}, ARM, checks)
 
 
 def test_a_window_shared_with_other_work_is_invalid_and_says_how_busy():

@@ -5,6 +5,7 @@ import pandas as pd
 
 from serving_study.analysis.fix_comparison import COLUMNS, TRAP
 from serving_study.config.prescription import prescription
+from serving_study.config.records import Arm
 from serving_study.servers.host import arm_thread_plan
 
 
@@ -67,9 +68,18 @@ def test_what_a_results_page_measured_is_quoted(tmp_path):
 
 def test_only_an_arm_in_the_trap_gets_the_prescription(tmp_path):
     arms = [
-        {"name": "trap", "cpu_quota": 0.5, "environment": {}},
-        {"name": "capped", "cpu_quota": 0.5, "environment": {"OMP_NUM_THREADS": "1"}},
-        {"name": "free", "cpu_quota": "none", "environment": {}},
+        Arm.from_config(
+            {"variant": "v", "workload": "w", "concurrency": 1, "requests": 1} | arm
+        )
+        for arm in (
+            {"name": "trap", "cpu_quota": 0.5, "environment": {}},
+            {
+                "name": "capped",
+                "cpu_quota": 0.5,
+                "environment": {"OMP_NUM_THREADS": "1"},
+            },
+            {"name": "free", "cpu_quota": "none", "environment": {}},
+        )
     ]
     plan = {entry["arm"]: entry for entry in arm_thread_plan(arms, [])}
     assert "Fixes:" in plan["trap"]["warning"]

@@ -19,6 +19,7 @@ import yaml
 
 import serving_study.report
 from serving_study.analysis.aggregate import aggregate, read_tables, write_tables
+from serving_study.config.records import Arm
 from serving_study.measure.run_metrics import summarize_run
 from serving_study.report import formatting
 from serving_study.report.charts import chart_specs
@@ -82,7 +83,7 @@ def write_fixture_metrics(
     config: dict, out_dir: Path, runs: Path = FIXTURE / "runs"
 ) -> list[Path]:
     """Summarize every run under runs/<arm>/run<k> into out_dir/<arm>-run<k>.json."""
-    arms = {arm["name"]: arm for arm in config["arms"]}
+    arms = {arm["name"]: Arm.from_config(arm) for arm in config["arms"]}
     out_dir.mkdir(parents=True)
     paths = []
     for directory in sorted(runs.glob("*/run*")):

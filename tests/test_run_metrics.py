@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from serving_study.config.records import Arm
 from serving_study.measure.request_log import read_request_log
 from serving_study.measure.run_metrics import (
     METRICS,
@@ -19,9 +20,11 @@ from serving_study.measure.run_metrics import (
 FIXTURE = Path(__file__).parent / "fixtures" / "report"
 
 
-def fixture_arm(name: str) -> dict:
+def fixture_arm(name: str, **changes) -> Arm:
+    """The fixture config's arm ``name``, with ``changes`` to its config keys."""
     config = yaml.safe_load((FIXTURE / "config.yaml").read_text())
-    return next(arm for arm in config["arms"] if arm["name"] == name)
+    section = next(arm for arm in config["arms"] if arm["name"] == name)
+    return Arm.from_config({**section, **changes})
 
 
 def fixture_checks(arm: str, run: int) -> dict:
@@ -172,7 +175,7 @@ def test_each_failed_check_is_a_reason(overrides, reason):
 
 
 def test_thread_cap_must_be_seen_in_environment_and_in_torch():
-    arm = {**fixture_arm("original"), "environment": {"OMP_NUM_THREADS": "8"}}
+    arm = fixture_arm("original", environment={"OMP_NUM_THREADS": "8"})
     directory = FIXTURE / "runs" / "original" / "run1"
     checks = fixture_checks("original", 1)
 
@@ -195,7 +198,7 @@ def test_thread_cap_must_be_seen_in_environment_and_in_torch():
 
 
 def test_measured_count_must_match_the_arm():
-    arm = {**fixture_arm("original"), "requests": 5}
+    arm = fixture_arm("original", requests=5)
     directory = FIXTURE / "runs" / "original" / "run1"
     metrics = summarize_run(
         directory / "requests.jsonl",
@@ -227,7 +230,7 @@ def test_changed_server_pids_make_the_run_invalid(tmp_path):
 
 
 def test_throttling_without_a_quota_makes_the_run_invalid():
-    arm = {**fixture_arm("original"), "cpu_quota": "none"}
+    arm = fixture_arm("original", cpu_quota="none")
     directory = FIXTURE / "runs" / "original" / "run1"
     checks = {
         **fixture_checks("original", 1),

@@ -237,9 +237,13 @@ def test_records_show_that_a_secret_arrived_never_its_value():
 
 def test_preflight_refuses_a_host_without_the_arms_secrets(monkeypatch):
     monkeypatch.delenv(PLAIN_NAME, raising=False)
+    minimal = {"variant": "v", "workload": "w", "concurrency": 1, "requests": 1}
     arms = [
-        {"name": "A", "cpu_quota": "none", "secret_environment": [PLAIN_NAME]},
-        {"name": "B", "cpu_quota": "none"},
+        Arm.from_config(
+            minimal
+            | {"name": "A", "cpu_quota": "none", "secret_environment": [PLAIN_NAME]}
+        ),
+        Arm.from_config(minimal | {"name": "B", "cpu_quota": "none"}),
     ]
     engine = {"engine": "embedded", "runtime": "local"}
     host = {"shared_memory_free_mib": None}

@@ -4,7 +4,7 @@ Run by file path with a real server's runtime, the variant's tree first on
 PYTHONPATH and the arm's thread knobs in the environment (standard library, torch,
 transformers and the variant's SGLang only; nothing of serving_study)::
 
-    <runtime python> main_process_costs.py MODEL_DIR IMAGE [IMAGE ...]
+    <runtime python> -P main_process_costs.py MODEL_DIR IMAGE [IMAGE ...]
 
 For each image, the main process's two big steps are repeated as the server makes
 them: the Hugging Face processor on the decoded image (the PIL/numpy one, which the

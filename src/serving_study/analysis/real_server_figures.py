@@ -69,7 +69,10 @@ def measure_main_process_steps(
     environment.update(arm_environment)
     environment["PYTHONPATH"] = python_path
     finished = subprocess.run(
-        [runtime_python, str(COSTS_SCRIPT), str(model_directory), *map(str, images)],
+        # -P: the script's own folder (this package's analysis/) must not go first
+        # on the path, where its numbers.py would shadow the standard library's.
+        [runtime_python, "-P", str(COSTS_SCRIPT), str(model_directory)]
+        + [str(image) for image in images],
         capture_output=True,
         text=True,
         env=environment,

@@ -14,6 +14,8 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import pairwise
 
+from serving_study.config.records import Arm
+
 # Words of a variable or flag name that mark it secret, and word pairs
 # (OPENAI_API_KEY, --admin-api-key). Whole words, so that TOKENIZERS_PARALLELISM
 # and --max-total-tokens are not secrets.
@@ -147,19 +149,14 @@ class SecretNotSet(LookupError):
     """A secret an arm names is not set where the runner runs."""
 
 
-def secret_names(arm: Mapping) -> tuple[str, ...]:
-    """The variables an arm's server gets from the runner's environment."""
-    return tuple(arm.get("secret_environment") or ())
-
-
 def missing_secrets(
-    arms: Iterable[Mapping], environment: Mapping[str, str]
+    arms: Iterable[Arm], environment: Mapping[str, str]
 ) -> list[tuple[str, str]]:
     """(arm, variable) for each secret an arm names that ``environment`` lacks."""
     return [
-        (arm["name"], name)
+        (arm.name, name)
         for arm in arms
-        for name in secret_names(arm)
+        for name in arm.secret_environment
         if not environment.get(name)
     ]
 
@@ -174,7 +171,7 @@ def describe_missing(missing: Sequence[tuple[str, str]]) -> list[str]:
     ]
 
 
-def require_secrets(arm: Mapping, environment: Mapping[str, str]) -> None:
+def require_secrets(arm: Arm, environment: Mapping[str, str]) -> None:
     """Raise SecretNotSet unless ``environment`` holds every secret ``arm`` names."""
     missing = describe_missing(missing_secrets([arm], environment))
     if missing:

@@ -74,11 +74,11 @@ def run_arm(
     """
     sharing = sharing or HostSharing.from_config({})
     # A secret the arm names but the runner lacks is a setup error: nothing starts.
-    require_secrets(arm.as_config(), os.environ)
+    require_secrets(arm, os.environ)
     paths.server_log.write_text("")
     group_name = owned_name(f"{experiment}-{arm.name}-run{run}")
     # What is recorded of the arm: secret values (tokens) never reach a file.
-    arm_record = arm.as_config() | {"environment": redacted(arm.environment)}
+    recorded_arm = dataclasses.replace(arm, environment=redacted(arm.environment))
     lock = MeasurementLock.acquire(
         sharing, holder=f"experiment {experiment}, arm {arm.name}, run {run}"
     )
@@ -86,7 +86,7 @@ def run_arm(
     started_at, started = now_iso(), time.monotonic()
     provenance = {
         "experiment": experiment,
-        "arm": arm_record,
+        "arm": recorded_arm.as_config(),
         "run": run,
         "variant": variant.identity,
         "engine": dataclasses.asdict(server_settings),
@@ -163,7 +163,7 @@ def run_arm(
         )
         provenance["client"] = load_summary
         write_json(paths.monitors, window)
-        metrics = summarize_run(paths.requests, paths.monitors, arm_record, checks)
+        metrics = summarize_run(paths.requests, paths.monitors, recorded_arm, checks)
     except Exception as failure:
         # ArmFailed says why; anything else is a fault of this run alone, and the
         # study goes on (an interrupt is not an Exception: it ends the job).
@@ -172,7 +172,7 @@ def run_arm(
             reason = f"unexpected {type(failure).__name__}: {failure}"
             provenance["traceback"] = traceback.format_exc()
         log.error("run failed: %s", reason)
-        metrics = failed_run_metrics(arm_record, run, (reason or "?").splitlines()[0])
+        metrics = failed_run_metrics(recorded_arm, run, (reason or "?").splitlines()[0])
         provenance["failure"] = reason
         for path in (paths.requests, paths.monitors):
             if not path.exists():

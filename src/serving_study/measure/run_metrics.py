@@ -20,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from serving_study.config.records import Arm, quota_value
 from serving_study.measure.request_log import (
     completed,
     measured,
@@ -82,7 +83,7 @@ RUN_COUNTS = (
 def summarize_run(
     requests_path: Path,
     monitors_path: Path,
-    arm: dict,
+    arm: Arm,
     checks: dict,
     run: int | None = None,
 ) -> dict:
@@ -113,7 +114,7 @@ def summarize_run(
     return metrics
 
 
-def failed_run_metrics(arm: dict, run: int, reason: str) -> dict:
+def failed_run_metrics(arm: Arm, run: int, reason: str) -> dict:
     """Metrics for a run that crashed before it measured anything: all null."""
     metrics = _identity(arm, run)
     for name in (*METRICS, *RUN_COUNTS):
@@ -225,14 +226,14 @@ def percentile(values: list[float], q: float) -> float | None:
     return float(np.percentile(np.asarray(values, dtype=float), q))
 
 
-def _identity(arm: dict, run: int | None) -> dict:
+def _identity(arm: Arm, run: int | None) -> dict:
     return {
-        "arm": arm["name"],
+        "arm": arm.name,
         "run": run,
-        "variant": arm.get("variant"),
-        "workload": arm.get("workload"),
-        "transport": arm.get("transport"),
-        "concurrency": arm.get("concurrency"),
-        "cpu_quota": arm.get("cpu_quota"),
-        "environment": dict(arm.get("environment") or {}),
+        "variant": arm.variant,
+        "workload": arm.workload,
+        "transport": arm.transport,
+        "concurrency": arm.concurrency,
+        "cpu_quota": quota_value(arm.cpu_quota),
+        "environment": dict(arm.environment),
     }

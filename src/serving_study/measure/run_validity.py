@@ -4,12 +4,12 @@ A run is invalid when any of its measured requests failed or it ran other than
 planned (request counts, dispatch lag), when its server restarted, when the quota,
 environment or code in force were not the arm's, or when other work on the host
 took CPU during its window. Each reason names the numbers behind it. The arm is
-the one the run recorded (``Arm.as_config``, its secrets redacted).
+the one the run recorded (its secrets redacted).
 """
 
 import math
 
-from serving_study.config.records import quota_cores
+from serving_study.config.records import Arm
 from serving_study.measure.request_log import completed, measured, values_of
 
 # Quota readings are rounded to whole microseconds per period by the kernel.
@@ -17,7 +17,7 @@ QUOTA_TOLERANCE_CORES = 0.01
 
 
 def invalid_reasons(
-    records: list[dict], monitors: dict | None, arm: dict, checks: dict
+    records: list[dict], monitors: dict | None, arm: Arm, checks: dict
 ) -> list[str]:
     """Every reason this run must stay out of the medians, with the numbers."""
     return [
@@ -30,7 +30,7 @@ def invalid_reasons(
     ]
 
 
-def _request_reasons(records: list[dict], arm: dict, checks: dict) -> list[str]:
+def _request_reasons(records: list[dict], arm: Arm, checks: dict) -> list[str]:
     reasons = []
     measured_records = measured(records)
     failures = [record for record in measured_records if not completed(record)]
@@ -41,8 +41,8 @@ def _request_reasons(records: list[dict], arm: dict, checks: dict) -> list[str]:
             f"{len(failures)} of {len(measured_records)} measured requests did not "
             f"complete (first: request {first.get('index')}: {what})"
         )
-    expected_measured = arm.get("requests")
-    if expected_measured is not None and len(measured_records) != expected_measured:
+    expected_measured = arm.requests
+    if len(measured_records) != expected_measured:
         reasons.append(
             f"the log holds {len(measured_records)} measured requests, "
             f"the arm asks for {expected_measured}"
@@ -73,9 +73,9 @@ def _restart_reasons(monitors: dict | None, checks: dict) -> list[str]:
     return reasons
 
 
-def _quota_reasons(monitors: dict | None, arm: dict, checks: dict) -> list[str]:
+def _quota_reasons(monitors: dict | None, arm: Arm, checks: dict) -> list[str]:
     reasons = []
-    asked = quota_cores(arm.get("cpu_quota"))
+    asked = arm.cpu_quota
     in_force = checks.get("quota_in_force_cores")
     if not _same_quota(asked, in_force):
         reasons.append(
@@ -98,10 +98,10 @@ def _quota_reasons(monitors: dict | None, arm: dict, checks: dict) -> list[str]:
     return reasons
 
 
-def _environment_reasons(arm: dict, checks: dict) -> list[str]:
+def _environment_reasons(arm: Arm, checks: dict) -> list[str]:
     reasons = []
     expected = dict(checks.get("environment_expected") or {})
-    expected.update(arm.get("environment") or {})
+    expected.update(arm.environment)
     seen = checks.get("environment_seen") or {}
     for name, value in sorted(expected.items()):
         want = None if value is None else str(value)
@@ -120,7 +120,7 @@ def _environment_reasons(arm: dict, checks: dict) -> list[str]:
                 f"torch used {torch_threads} intra-op threads, "
                 f"OMP_NUM_THREADS={omp} asks for {omp}"
             )
-    forced = arm.get("intra_op_threads")
+    forced = arm.intra_op_threads
     if forced is not None and torch_threads is not None and forced != torch_threads:
         reasons.append(
             f"torch used {torch_threads} intra-op threads, the arm forces {forced}"

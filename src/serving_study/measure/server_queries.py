@@ -12,9 +12,15 @@ import time
 
 import requests
 
+from serving_study.measure.run_failure import ArmFailed
+
 
 class ServerNeverHealthy(RuntimeError):
     """The server did not answer GET /health with 200 in time."""
+
+
+class ServerInfoUnreadable(ArmFailed):
+    """The server answered GET /server_info with an error or no JSON object."""
 
 
 def local_session() -> requests.Session:
@@ -68,8 +74,26 @@ def wait_until_healthy(
 
 
 def read_server_info(base_url: str) -> dict:
-    """The server's own account of its settings (GET /server_info)."""
+    """The server's own account of its settings (GET /server_info).
+
+    Without it the runner cannot check which server it measures, so an error
+    answer ends the run, naming the status and the start of the body."""
     with local_session() as session:
         with session.get(f"{base_url}/server_info", timeout=30) as response:
-            response.raise_for_status()
-            return response.json()
+            body = response.text
+            if response.status_code != 200:
+                raise ServerInfoUnreadable(
+                    f"the server answered GET /server_info with HTTP "
+                    f"{response.status_code} ({body[:200].strip()!r}); the runner "
+                    "needs it to check which server it measures"
+                )
+            try:
+                info = response.json()
+            except ValueError:
+                info = None
+            if not isinstance(info, dict):
+                raise ServerInfoUnreadable(
+                    "the server's GET /server_info answer is not a JSON object "
+                    f"({body[:200].strip()!r})"
+                )
+            return info

@@ -54,7 +54,9 @@ class ContainerCommandFailed(RuntimeError):
 def largest_tensor_bytes(workload_manifest: Path) -> int:
     """The largest image tensor of a workload (its manifest lists each image)."""
     manifest = json.loads(Path(workload_manifest).read_text())
-    return max(feature_bytes(image) for image in manifest["images"])
+    return max(
+        feature_bytes(image["height"], image["width"]) for image in manifest["images"]
+    )
 
 
 def shared_memory_bytes(largest_tensor: int, concurrency: int) -> int:

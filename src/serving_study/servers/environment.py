@@ -28,6 +28,9 @@ THREAD_SETTINGS = (
     "TORCH_NUM_THREADS",
 )
 
+# The other variables a server's provenance records (recorded_environment).
+RECORDED_PREFIXES = ("SGLANG_", "TORCH", "HF_", "SERVING_STUDY_")
+
 # What records show of a secret's value (config_secrets.py): set, or set to another
 # value than the runner's.
 REDACTED = "<redacted>"
@@ -77,12 +80,12 @@ def server_environment(
 def recorded_environment(
     environment: Mapping[str, str], secret_names: Collection[str] = ()
 ) -> dict[str, str]:
-    """The settings worth recording in provenance: thread knobs and SGLANG_* flags,
-    never a secret."""
+    """The settings worth recording in provenance: thread knobs, SGLang's, torch's,
+    the Hub's and the load probe's variables, never a secret."""
     return {
         name: value
         for name, value in sorted(environment.items())
-        if (name in THREAD_SETTINGS or name.startswith("SGLANG_"))
+        if (name in THREAD_SETTINGS or name.startswith(RECORDED_PREFIXES))
         and not is_secret(name)
         and name not in secret_names
     }

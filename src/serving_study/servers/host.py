@@ -16,8 +16,9 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
+from serving_study.config.platform import CPU_PLATFORM, TORCH_COMPILE_OFF_VARIABLE
 from serving_study.config.prescription import prescription
-from serving_study.config.records import quota_cores as cpu_quota_cores
+from serving_study.config.records import Arm, Workload
 from serving_study.config.secrets import describe_missing, missing_secrets
 from serving_study.servers.environment import server_environment
 
@@ -159,12 +160,7 @@ def container_runtimes() -> dict:
     return runtimes
 
 
-def quota_cores(arm: dict) -> float | None:
-    """The quota of an arm as the config gives it (``Arm.as_config``), in cores."""
-    return cpu_quota_cores(arm["cpu_quota"])
-
-
-def arm_thread_plan(arms: list[dict], fixes_tables: list[Path] = ()) -> list[dict]:
+def arm_thread_plan(arms: list[Arm], fixes_tables: list[Path] = ()) -> list[dict]:
     """Per arm: the quota, the intra-op threads its server will start, and a warning
     when those threads exceed the quota by more than 2x (the study's trap), with
     the doctor's prescription (prescription.py; ``fixes_tables`` are the
@@ -172,25 +168,25 @@ def arm_thread_plan(arms: list[dict], fixes_tables: list[Path] = ()) -> list[dic
     threads_by_environment: dict[str, int | None] = {}
     plan = []
     for arm in arms:
-        key = json.dumps(arm.get("environment", {}), sort_keys=True)
+        key = json.dumps(dict(arm.environment), sort_keys=True)
         if key not in threads_by_environment:
-            threads_by_environment[key] = intra_op_threads(arm.get("environment", {}))
+            threads_by_environment[key] = intra_op_threads(dict(arm.environment))
         threads = threads_by_environment[key]
-        quota = quota_cores(arm)
+        quota = arm.cpu_quota
         warning = None
         if threads is not None and quota is not None and threads > 2 * quota:
             warning = (
-                f"arm {arm['name']}: the server starts {threads} intra-op threads "
+                f"arm {arm.name}: the server starts {threads} intra-op threads "
                 f"under a {quota:g}-core quota ({threads / quota:.1f}x): PyTorch's "
                 "OpenMP pool ignores the quota, as in the study.\n"
                 + prescription(threads, quota, list(fixes_tables))
             )
         plan.append(
             {
-                "arm": arm["name"],
+                "arm": arm.name,
                 "quota_cores": quota,
-                "environment": arm.get("environment", {}),
-                "secret_environment": list(arm.get("secret_environment", [])),
+                "environment": dict(arm.environment),
+                "secret_environment": list(arm.secret_environment),
                 "intra_op_threads": threads,
                 "warning": warning,
             }
@@ -198,9 +194,7 @@ def arm_thread_plan(arms: list[dict], fixes_tables: list[Path] = ()) -> list[dic
     return plan
 
 
-def describe_host(
-    engine: dict, arms: list[dict], fixes_tables: list[Path] = ()
-) -> dict:
+def describe_host(engine: dict, arms: list[Arm], fixes_tables: list[Path] = ()) -> dict:
     """Everything the report's header and the run validity checks need."""
     affinity = os.sched_getaffinity(0)
     return {
@@ -234,20 +228,19 @@ def quota_problem() -> str | None:
     return None
 
 
-def feature_bytes(workload: dict) -> int:
+def feature_bytes(height: int, width: int) -> int:
     """Bytes of one image's pixel_values: float32, (h/16 * w/16) rows of 1536."""
     from serving_study.engine.preprocess import smart_resize
 
-    height, width = smart_resize(workload["height"], workload["width"])
+    height, width = smart_resize(height, width)
     return (height // 16) * (width // 16) * 1536 * 4
 
 
-def shared_memory_needed_mib(arms: list[dict], workloads: list[dict]) -> float:
+def shared_memory_needed_mib(arms: list[Arm], workloads: list[Workload]) -> float:
     """/dev/shm the busiest arm can hold at once: one segment per request in flight."""
-    by_name = {workload["name"]: workload for workload in workloads}
+    sizes = {workload.name: (workload.height, workload.width) for workload in workloads}
     return max(
-        arm["concurrency"] * feature_bytes(by_name[arm["workload"]]) / 1024**2
-        for arm in arms
+        arm.concurrency * feature_bytes(*sizes[arm.workload]) / 1024**2 for arm in arms
     )
 
 
@@ -255,8 +248,18 @@ def shared_memory_needed_mib(arms: list[dict], workloads: list[dict]) -> float:
 C_COMPILERS = ("gcc", "cc", "clang")
 
 
+def compiles_on_cpu(arm: Arm) -> bool:
+    """The arm's CPU server runs torch.compile: its environment overrides the CPU
+    platform's TORCHDYNAMO_DISABLE=1."""
+    environment = CPU_PLATFORM.environment | dict(arm.environment)
+    return environment.get(TORCH_COMPILE_OFF_VARIABLE) != "1"
+
+
 def unmet_needs(
-    host: dict, engine: dict, arms: list[dict], workloads: list[dict] | None = None
+    host: dict,
+    engine: dict,
+    arms: list[Arm],
+    workloads: list[Workload] | None = None,
 ) -> list[str]:
     """What the experiment needs that this host lacks, one sentence each."""
     needs = describe_missing(missing_secrets(arms, os.environ))
@@ -270,7 +273,7 @@ def unmet_needs(
                 "flight); a full /dev/shm makes the server send images inline and "
                 "skip the copy under study: free or enlarge /dev/shm"
             )
-    if engine["runtime"] == "local" and any(quota_cores(arm) for arm in arms):
+    if engine["runtime"] == "local" and any(arm.cpu_quota for arm in arms):
         problem = quota_problem()
         if problem:
             needs.append(f"arms with a cpu_quota need a CPU-quota cgroup: {problem}")
@@ -286,13 +289,15 @@ def unmet_needs(
         engine["engine"] == "sglang"
         and device == "cpu"
         and engine["runtime"] == "local"
+        and any(compiles_on_cpu(arm) for arm in arms)
         and not any(shutil.which(compiler) for compiler in C_COMPILERS)
     ):
         needs.append(
-            "SGLang on CPU compiles its rotary-embedding kernel with torch inductor "
-            "on the first request, which needs a C compiler, and this host has none "
-            "(looked for " + ", ".join(C_COMPILERS) + "); install one, e.g. "
-            "`apt-get install gcc` on Debian"
+            "an arm turns torch.compile back on (TORCHDYNAMO_DISABLE), so SGLang on "
+            "CPU compiles its rotary-embedding kernel with torch inductor on the first "
+            "request, which needs a C compiler, and this host has none (looked for "
+            + ", ".join(C_COMPILERS)
+            + "); install one, e.g. `apt-get install gcc` on Debian"
         )
     if engine["runtime"] in ("docker", "podman"):
         runtime = host["container_runtimes"][engine["runtime"]]
@@ -307,7 +312,7 @@ def unmet_needs(
                 f"answer ('{engine['runtime']} info' fails); start it or set "
                 "runtime: local"
             )
-        largest_quota = max((quota_cores(arm) or 0 for arm in arms), default=0)
+        largest_quota = max((arm.cpu_quota or 0 for arm in arms), default=0)
         cpus = host.get("cpu_count")
         if cpus and largest_quota > cpus:
             needs.append(

@@ -224,12 +224,10 @@ def measure_cell(
         identity = server_identity(server_settings, arm, variant, server_info, server)
         checks = validity_checks(arm, client, server_info, window, server, identity)
         write_json(paths.monitors, window)
-        metrics = summarize_run(
-            paths.requests, paths.monitors, arm.as_config(), checks, run=1
-        )
+        metrics = summarize_run(paths.requests, paths.monitors, arm, checks, run=1)
     except (ArmFailed, OSError) as failure:
         log.error("cell %s failed: %s", arm.name, failure)
-        metrics = failed_run_metrics(arm.as_config(), 1, str(failure).splitlines()[0])
+        metrics = failed_run_metrics(arm, 1, str(failure).splitlines()[0])
     metrics.update(
         intra_op_threads=arm.intra_op_threads,
         cpu_quota=quota_label(arm.cpu_quota),
@@ -247,7 +245,7 @@ def measure_cell(
 
 def failed_cell(settings: Mapping, variant: str, threads: int, quota, reason: str):
     arm = cell_arm(settings, variant, threads, quota)
-    metrics = failed_run_metrics(arm.as_config(), 1, reason)
+    metrics = failed_run_metrics(arm, 1, reason)
     metrics.update(intra_op_threads=threads, cpu_quota=quota_label(quota))
     return metrics
 

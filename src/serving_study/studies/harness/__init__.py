@@ -17,8 +17,8 @@ on (`benchmark_host`), into `results/benchmarks/harness.json`:
   default threads (`python -m serving_study.studies.harness shm-copy`);
 * `arm_overhead`: the wall time of one real embedded arm beyond its measured
   window, phase by phase;
-* `study_wall_time`: the wall time of the whole default study, from Snakemake's
-  job records.
+* `study_wall_time`: the wall time of the whole default study, from the
+  `benchmark:` file Snakemake writes for each of its jobs.
 
 Speeds are figures here, never test assertions: the host is shared and small, so every
 benchmark also records how busy the host was while it ran.

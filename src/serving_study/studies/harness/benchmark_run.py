@@ -161,9 +161,7 @@ def run_benchmarks(
         sharing=sharing,
     )
     report["default_study"] = with_current_arm_overhead(
-        default_study_wall(
-            Path(settings["snakemake_metadata"]), settings["study_outputs"]
-        ),
+        default_study_wall([Path(path) for path in settings["study_job_benchmarks"]]),
         [Path(directory) for directory in settings["study_run_directories"]],
         report["arm"]["arm_overhead_s"],
     )

@@ -95,7 +95,7 @@ def check_dispatch_lag_invalidation(
         metrics = summarize_run(
             directory / "requests.jsonl",
             directory / "monitors.json",
-            arm.as_config(),
+            arm,
             checks,
             1,
         )

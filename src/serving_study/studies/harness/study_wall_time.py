@@ -1,98 +1,55 @@
-"""The wall time of the whole default study, from Snakemake's job records."""
+"""The wall time of the whole default study, from each job's Snakemake benchmark.
+
+Every rule of a study declares a ``benchmark:`` file under
+``results/benchmarks/jobs/<rule>/``, in which Snakemake writes the job's wall
+seconds (column ``s``). With ``--cores 1`` the jobs run one after another, so the
+study costs the sum of its jobs' seconds, Snakemake's own start-up of a few
+seconds aside.
+"""
 
 from __future__ import annotations
 
-import base64
+import csv
 import json
 import statistics
-from datetime import datetime
 from pathlib import Path
 
-
-def snakemake_records(metadata_dir: Path, outputs: list[str]) -> dict[str, dict]:
-    """Snakemake's record of each listed output that has one (.snakemake/metadata).
-
-    Snakemake keeps one record per output file, named by the urlsafe base64 of the
-    path (split into `@`-prefixed directories when longer than a file name may be).
-    """
-    wanted = set(outputs)
-    records = {}
-    for record_path in Path(metadata_dir).rglob("*"):
-        if not record_path.is_file():
-            continue
-        parts = record_path.relative_to(metadata_dir).parts
-        encoded = "".join(part.removeprefix("@") for part in parts)
-        try:
-            output = base64.urlsafe_b64decode(encoded).decode()
-        except (ValueError, UnicodeDecodeError):
-            continue
-        if output not in wanted:
-            continue
-        try:
-            record = json.loads(record_path.read_text())
-        except (ValueError, OSError):
-            continue
-        if record.get("starttime") is not None and record.get("endtime") is not None:
-            records[output] = record
-    return records
+JOB_BENCHMARKS = Path("results/benchmarks/jobs")
 
 
-def jobs_of(records: dict[str, dict]) -> list[dict]:
-    """One entry per job (the outputs of one job share its rule and log), by start."""
-    jobs: dict[tuple, dict] = {}
-    for output, record in records.items():
-        key = (record.get("rule"), tuple(record.get("log") or [output]))
-        job = jobs.setdefault(
-            key, {"rule": record.get("rule"), "start": record["starttime"], "end": 0}
-        )
-        job["start"] = min(job["start"], record["starttime"])
-        job["end"] = max(job["end"], record["endtime"])
-    return sorted(jobs.values(), key=lambda job: job["start"])
+def job_seconds(benchmark: Path) -> float:
+    """The wall seconds Snakemake measured for one job (its last repeat)."""
+    with Path(benchmark).open(newline="") as table:
+        rows = list(csv.DictReader(table, delimiter="\t"))
+    return float(rows[-1]["s"])
 
 
-def default_study_wall(
-    metadata_dir: Path, study_outputs: list[str], max_gap_s: float = 30.0
-) -> dict:
-    """The default study's wall time on this host, from the last run of each job.
+def rule_of(benchmark: Path) -> str:
+    """The rule a job's benchmark file belongs to: the folder under ``jobs/``."""
+    parts = Path(benchmark).parts
+    return parts[parts.index(JOB_BENCHMARKS.name) + 1]
 
-    `study_outputs` names one output of every job of the study. With `--cores 1`
-    the jobs run one after another, so the study costs the sum of its jobs'
-    durations (Snakemake's own start-up of a few seconds aside). The span of the
-    last uninterrupted stretch of jobs tells whether they all ran in one go.
-    """
-    if not Path(metadata_dir).is_dir():
+
+def default_study_wall(benchmarks: list[Path]) -> dict:
+    """The default study's wall time on this host: the sum of its jobs' seconds,
+    and the seconds of each rule."""
+    missing = [path for path in benchmarks if not Path(path).is_file()]
+    if missing or not benchmarks:
         return {
             "default_study_wall_s": None,
-            "reason": f"no {metadata_dir}: the default study never ran here",
+            "reason": f"{len(missing)} jobs of the default study have no benchmark "
+            f"file (first: {missing[0] if missing else None}): run "
+            "`snakemake --cores 1 all`",
         }
-    records = snakemake_records(metadata_dir, study_outputs)
-    missing = sorted(set(study_outputs) - set(records))
-    if missing:
-        return {
-            "default_study_wall_s": None,
-            "reason": f"{len(missing)} outputs of the default study have no record "
-            f"in {metadata_dir} (first: {missing[0]}): run `snakemake --cores 1 all`",
-        }
-    jobs = jobs_of(records)
-    stretch = [jobs[0]]
-    for job in jobs[1:]:
-        if job["start"] - max(j["end"] for j in stretch) > max_gap_s:
-            stretch = []
-        stretch.append(job)
     by_rule: dict[str, float] = {}
-    for job in jobs:
-        by_rule[job["rule"]] = by_rule.get(job["rule"], 0.0) + job["end"] - job["start"]
+    for path in benchmarks:
+        rule = rule_of(path)
+        by_rule[rule] = by_rule.get(rule, 0.0) + job_seconds(path)
     return {
-        "default_study_wall_s": round(sum(j["end"] - j["start"] for j in jobs), 1),
-        "jobs": len(jobs),
+        "default_study_wall_s": round(sum(by_rule.values()), 1),
+        "jobs": len(benchmarks),
         "seconds_by_rule": {rule: round(s, 1) for rule, s in sorted(by_rule.items())},
-        "last_stretch_span_s": round(
-            max(j["end"] for j in stretch) - stretch[0]["start"], 1
-        ),
-        "last_stretch_jobs": len(stretch),
-        "first_job_started": _iso(jobs[0]["start"]),
-        "last_job_ended": _iso(max(job["end"] for job in jobs)),
-        "source": str(metadata_dir),
+        "source": str(JOB_BENCHMARKS),
     }
 
 
@@ -124,7 +81,3 @@ def with_current_arm_overhead(
         "recorded_runs": len(overheads),
         "estimated_wall_s_with_measured_arm_overhead": round(estimate, 1),
     }
-
-
-def _iso(epoch: float) -> str:
-    return datetime.fromtimestamp(epoch).astimezone().isoformat(timespec="seconds")
