@@ -19,7 +19,10 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from PIL import Image
 
+from serving_study.analysis.real_server_figures import measure_main_process_steps
+from serving_study.config.platform import CPU_PLATFORM, python_path
 from serving_study.measure.server_log_facts import GC_RESUMED_LINE
 from serving_study.sources import sglang_runtime
 from serving_study.sources.hashed_lock import logical_lines
@@ -30,6 +33,8 @@ from serving_study.sources.sglang_runtime import (
     read_lock,
     runtime_record,
 )
+from serving_study.sources.tiny_model import write_tiny_qwen3_vl
+from serving_study.sources.tiny_model_settings import TinyModelSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "envs" / "sglang-cpu" / "requirements.lock"
@@ -587,3 +592,33 @@ def test_the_probe_reads_torchs_threads_without_importing_it(built_runtime, tmp_
     (line,) = probe_lines(finished.stderr)
     assert line["sha256"] == hashlib.sha256(module.read_bytes()).hexdigest()
     assert line["torch_threads"] == 1
+
+
+@pytest.mark.slow
+def test_the_main_process_steps_are_measured_in_the_servers_runtime(
+    built_runtime, sglang_0_5_23, tmp_path
+):
+    """real_server_benchmarks' split: the processor and the release's own SHM copy,
+    run by file path from inside this package's analysis/ folder (whose numbers.py
+    must not shadow the standard library's)."""
+    tree, _ = sglang_0_5_23
+    model = tmp_path / "model"
+    write_tiny_qwen3_vl(model, TinyModelSettings(seed=0))
+    images = []
+    for index in range(2):
+        path = tmp_path / f"image{index}.jpg"
+        Image.effect_noise((256, 256), 64 + index).convert("RGB").save(path)
+        images.append(path)
+    steps = measure_main_process_steps(
+        runtime_python=built_runtime["python"],
+        python_path=python_path(CPU_PLATFORM, str(tree / "python")),
+        arm_environment={"OMP_NUM_THREADS": "1"},
+        model_directory=model,
+        images=images,
+    )
+    assert steps["images"] == 2
+    assert steps["torch_threads"] == 1
+    # A 256x256 image: 64 image tokens, each from 2x2 patches of 1536 values.
+    assert steps["pixel_values_shape"] == [256, 1536]
+    assert steps["processor_cpu_ms_per_image"] > 0
+    assert steps["shm_copy_cpu_ms_per_image"] > 0

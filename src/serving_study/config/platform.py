@@ -50,17 +50,7 @@ CPU_SERVER_FLAGS = (
 # SGLang's own post-warm-up gc freeze (envs/server-probe/serving_study_startup_gc.py):
 # a fifth of a fresh server's start on a 2-core host; the runner checks it resumed.
 STARTUP_GC_PAUSE_VARIABLE = "SERVING_STUDY_PAUSE_GC_AT_START"
-# torch.compile off: SGLang's CPU fallbacks for the rotary embedding and the sampler
-# then run eagerly in the scheduler (a GPU host runs CUDA kernels there; the main
-# process never compiles). Tracing them again in every fresh server, even from the
-# compile cache, took 5-10 s of each start on two cores. An arm's environment can
-# turn it back on (TORCHDYNAMO_DISABLE: "0"); preflight then asks for a C compiler.
-TORCH_COMPILE_OFF_VARIABLE = "TORCHDYNAMO_DISABLE"
-CPU_ENVIRONMENT = {
-    "SGLANG_USE_CPU_ENGINE": "1",
-    STARTUP_GC_PAUSE_VARIABLE: "1",
-    TORCH_COMPILE_OFF_VARIABLE: "1",
-}
+CPU_ENVIRONMENT = {"SGLANG_USE_CPU_ENGINE": "1", STARTUP_GC_PAUSE_VARIABLE: "1"}
 
 # What a run on a CPU host does not share with a GPU host, for the report.
 CPU_HOST_DIFFERENCES = (
@@ -78,9 +68,6 @@ CPU_HOST_DIFFERENCES = (
     "no CUDA graphs, --sleep-on-idle and SGLANG_USE_CPU_ENGINE=1, and a pure-torch "
     "stand-in for sgl-kernel's CPU build, whose placeholders never ran (checked).",
     "There is no cuda_ipc transport and no GPU utilisation to report.",
-    "torch.compile is off (TORCHDYNAMO_DISABLE=1), so the scheduler runs SGLang's "
-    "CPU fallbacks for the rotary embedding and sampler eagerly instead of compiling "
-    "them in every fresh server; a GPU host runs CUDA kernels there.",
     "Each server process starts with Python's garbage collector paused, to start "
     "faster on few cores; SGLang's own gc freeze after its warm-up request turns "
     "it back on before the server is healthy (checked in every process).",

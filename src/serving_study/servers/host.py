@@ -16,7 +16,6 @@ import sys
 from importlib import metadata
 from pathlib import Path
 
-from serving_study.config.platform import CPU_PLATFORM, TORCH_COMPILE_OFF_VARIABLE
 from serving_study.config.prescription import prescription
 from serving_study.config.records import Arm, Workload
 from serving_study.config.secrets import describe_missing, missing_secrets
@@ -248,13 +247,6 @@ def shared_memory_needed_mib(arms: list[Arm], workloads: list[Workload]) -> floa
 C_COMPILERS = ("gcc", "cc", "clang")
 
 
-def compiles_on_cpu(arm: Arm) -> bool:
-    """The arm's CPU server runs torch.compile: its environment overrides the CPU
-    platform's TORCHDYNAMO_DISABLE=1."""
-    environment = CPU_PLATFORM.environment | dict(arm.environment)
-    return environment.get(TORCH_COMPILE_OFF_VARIABLE) != "1"
-
-
 def unmet_needs(
     host: dict,
     engine: dict,
@@ -289,13 +281,12 @@ def unmet_needs(
         engine["engine"] == "sglang"
         and device == "cpu"
         and engine["runtime"] == "local"
-        and any(compiles_on_cpu(arm) for arm in arms)
         and not any(shutil.which(compiler) for compiler in C_COMPILERS)
     ):
         needs.append(
-            "an arm turns torch.compile back on (TORCHDYNAMO_DISABLE), so SGLang on "
-            "CPU compiles its rotary-embedding kernel with torch inductor on the first "
-            "request, which needs a C compiler, and this host has none (looked for "
+            "SGLang on CPU compiles its rotary-embedding kernel with torch inductor "
+            "on the first request, which needs a C compiler, and this host has none "
+            "(looked for "
             + ", ".join(C_COMPILERS)
             + "); install one, e.g. `apt-get install gcc` on Debian"
         )
