@@ -21,8 +21,6 @@ rule run_arm:
         server_log="results/{experiment}/{arm}/run{run}/server.log",
     log:
         "results/logs/run_arm/{experiment}/{arm}/run{run}.log",
-    benchmark:
-        "results/benchmarks/jobs/run_arm/{experiment}/{arm}/run{run}.tsv"
     priority: arm_run_priority
     conda:
         "../envs/workflow.yaml"

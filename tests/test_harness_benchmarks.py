@@ -241,17 +241,30 @@ def write_benchmark(root: Path, job: str, seconds: float) -> Path:
     return path
 
 
-def test_the_study_wall_time_sums_its_jobs_benchmarks(tmp_path):
+def write_run(root: Path, run: str, wall_s: float, measured_s: float) -> Path:
+    """A run's records as the arm runner leaves them: its wall time and window."""
+    directory = root / "results/exp" / run
+    directory.mkdir(parents=True)
+    (directory / "provenance.json").write_text(json.dumps({"wall_s": wall_s}))
+    (directory / "metrics.json").write_text(
+        json.dumps({"measured_seconds": measured_s})
+    )
+    return directory
+
+
+def test_the_study_wall_time_sums_its_jobs_and_its_runs(tmp_path):
     jobs = [
         write_benchmark(tmp_path, "fetch_source/s", 7.25),
         write_benchmark(tmp_path, "preflight/exp", 6),
-        write_benchmark(tmp_path, "run_arm/exp/A/run1", 24),
-        write_benchmark(tmp_path, "run_arm/exp/B/run1", 20.5),
         write_benchmark(tmp_path, "report_html/exp", 5),
     ]
     write_benchmark(tmp_path, "another_rule/x", 100)  # not the study's
+    runs = [
+        write_run(tmp_path, "A/run1", 24, 10),
+        write_run(tmp_path, "B/run1", 20.5, 9),
+    ]
 
-    figures = default_study_wall(jobs)
+    figures = default_study_wall(jobs, [run / "provenance.json" for run in runs])
 
     assert figures["jobs"] == 5
     assert figures["default_study_wall_s"] == 62.8
@@ -261,23 +274,22 @@ def test_the_study_wall_time_sums_its_jobs_benchmarks(tmp_path):
         "report_html": 5.0,
         "run_arm": 44.5,
     }
-
-    run_directory = tmp_path / "run1"
-    run_directory.mkdir()
-    (run_directory / "provenance.json").write_text(json.dumps({"wall_s": 24}))
-    (run_directory / "metrics.json").write_text(json.dumps({"measured_seconds": 10}))
-    estimate = with_current_arm_overhead(figures, [run_directory], 6)
-    assert estimate["recorded_arm_overhead_s_median"] == 14
-    assert estimate["estimated_wall_s_with_measured_arm_overhead"] == 62.8 - 14 + 6
+    # The runs' overheads are 14 and 11.5 s; with today's 6 s each: 62.8 - 25.5 + 12.
+    estimate = with_current_arm_overhead(figures, runs, 6)
+    assert estimate["recorded_arm_overhead_s_median"] == 12.75
+    assert estimate["estimated_wall_s_with_measured_arm_overhead"] == 49.3
 
 
-def test_a_job_without_its_benchmark_leaves_the_study_wall_time_null(tmp_path):
+def test_a_job_without_its_record_leaves_the_study_wall_time_null(tmp_path):
     present = write_benchmark(tmp_path, "preflight/exp", 6)
-    missing = tmp_path / "results/benchmarks/jobs/run_arm/exp/A/run1.tsv"
-    figures = default_study_wall([present, missing])
+    run = write_run(tmp_path, "A/run1", 24, 10) / "provenance.json"
+    missing = tmp_path / "results/benchmarks/jobs/aggregate/exp.tsv"
+    figures = default_study_wall([present, missing], [run])
     assert figures["default_study_wall_s"] is None
     assert str(missing) in figures["reason"]
-    assert default_study_wall([])["default_study_wall_s"] is None
+    figures = default_study_wall([present], [tmp_path / "results/exp/B/run1/x.json"])
+    assert figures["default_study_wall_s"] is None
+    assert default_study_wall([present], [])["default_study_wall_s"] is None
 
 
 # --- One real arm -----------------------------------------------------------------

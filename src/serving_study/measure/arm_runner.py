@@ -185,17 +185,21 @@ def run_arm(
         finally:
             lock.release()
     metrics.update(experiment=experiment, arm=arm.name, run=run)
-    if metrics.get("valid") and inline_images:
-        metrics["valid"] = False
-        metrics.setdefault("invalid_reasons", []).append(
+    # Known only after the window and the teardown; listed beside any other reason.
+    late_reasons = []
+    if inline_images:
+        late_reasons.append(
             f"{inline_images} images went inline because /dev/shm was full, so the "
             "shared-memory copy under study was skipped; give the server more /dev/shm"
         )
-    if server is not None and server.leaked_segments and metrics.get("valid"):
-        metrics["valid"] = False
-        metrics.setdefault("invalid_reasons", []).append(
+    if server is not None and server.leaked_segments:
+        late_reasons.append(
             f"the server left {len(server.leaked_segments)} shared-memory segments"
         )
+    if late_reasons:
+        metrics["valid"] = False
+        earlier = metrics.get("invalid_reasons") or []
+        metrics["invalid_reasons"] = [*earlier, *late_reasons]
     provenance.update(
         finished_at=now_iso(), wall_s=round(time.monotonic() - started, 3)
     )

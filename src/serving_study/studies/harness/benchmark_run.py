@@ -161,7 +161,13 @@ def run_benchmarks(
         sharing=sharing,
     )
     report["default_study"] = with_current_arm_overhead(
-        default_study_wall([Path(path) for path in settings["study_job_benchmarks"]]),
+        default_study_wall(
+            [Path(path) for path in settings["study_job_benchmarks"]],
+            [
+                Path(directory) / "provenance.json"
+                for directory in settings["study_run_directories"]
+            ],
+        ),
         [Path(directory) for directory in settings["study_run_directories"]],
         report["arm"]["arm_overhead_s"],
     )

@@ -1,10 +1,12 @@
-"""The wall time of the whole default study, from each job's Snakemake benchmark.
+"""The wall time of the whole default study, from its jobs' own records.
 
-Every rule of a study declares a ``benchmark:`` file under
+Every rule of a study but ``run_arm`` declares a ``benchmark:`` file under
 ``results/benchmarks/jobs/<rule>/``, in which Snakemake writes the job's wall
-seconds (column ``s``). With ``--cores 1`` the jobs run one after another, so the
-study costs the sum of its jobs' seconds, Snakemake's own start-up of a few
-seconds aside.
+seconds (column ``s``). A run's job has none, because Snakemake's benchmark samples
+the job's process tree, the server's included, while it measures; each run's
+``provenance.json`` holds its wall time (``wall_s``) instead. With ``--cores 1``
+the jobs run one after another, so the study costs the sum of these seconds,
+Snakemake's own start-up of a few seconds and each run job's Python start aside.
 """
 
 from __future__ import annotations
@@ -30,26 +32,34 @@ def rule_of(benchmark: Path) -> str:
     return parts[parts.index(JOB_BENCHMARKS.name) + 1]
 
 
-def default_study_wall(benchmarks: list[Path]) -> dict:
-    """The default study's wall time on this host: the sum of its jobs' seconds,
-    and the seconds of each rule."""
-    missing = [path for path in benchmarks if not Path(path).is_file()]
-    if missing or not benchmarks:
+def run_seconds(provenance: Path) -> float:
+    """The wall time one run recorded (``provenance.json``'s ``wall_s``)."""
+    return float(json.loads(Path(provenance).read_text())["wall_s"])
+
+
+def default_study_wall(benchmarks: list[Path], run_provenances: list[Path]) -> dict:
+    """The default study's wall time on this host: the sum of its jobs' seconds and
+    its runs' wall times, and the seconds of each rule."""
+    missing = [
+        path for path in [*benchmarks, *run_provenances] if not Path(path).is_file()
+    ]
+    if missing or not run_provenances:
         return {
             "default_study_wall_s": None,
-            "reason": f"{len(missing)} jobs of the default study have no benchmark "
-            f"file (first: {missing[0] if missing else None}): run "
+            "reason": f"{len(missing)} jobs of the default study have no record "
+            f"(first: {missing[0] if missing else None}): run "
             "`snakemake --cores 1 all`",
         }
     by_rule: dict[str, float] = {}
     for path in benchmarks:
         rule = rule_of(path)
         by_rule[rule] = by_rule.get(rule, 0.0) + job_seconds(path)
+    by_rule["run_arm"] = sum(run_seconds(path) for path in run_provenances)
     return {
         "default_study_wall_s": round(sum(by_rule.values()), 1),
-        "jobs": len(benchmarks),
+        "jobs": len(benchmarks) + len(run_provenances),
         "seconds_by_rule": {rule: round(s, 1) for rule, s in sorted(by_rule.items())},
-        "source": str(JOB_BENCHMARKS),
+        "source": f"{JOB_BENCHMARKS} and each run's provenance.json",
     }
 
 
