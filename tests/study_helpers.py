@@ -16,6 +16,7 @@ import psutil
 import pytest
 import yaml
 
+from serving_study.config.records import Arm
 from serving_study.servers.cgroup_hierarchy import QuotaUnavailable
 from serving_study.servers.cgroups import CpuQuotaGroup, project_group_directories
 from serving_study.servers.container_commands import container_name
@@ -23,6 +24,20 @@ from serving_study.servers.leftovers import alive, owner_of
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIG = ROOT / "config" / "test" / "config.yaml"
+
+
+def arm_record(**fields) -> Arm:
+    """An arm with the given fields, the required ones a test does not look at
+    filled in (arm A of variant v on workload w, no quota, one request)."""
+    defaults = {
+        "name": "A",
+        "variant": "v",
+        "workload": "w",
+        "cpu_quota": "none",
+        "concurrency": 1,
+        "requests": 1,
+    }
+    return Arm.from_config(defaults | fields)
 
 
 def snakemake_command(

@@ -20,10 +20,9 @@ import psutil
 import pytest
 import requests
 from PIL import Image
-from study_helpers import docker, snakemake_command
+from study_helpers import arm_record, docker, snakemake_command
 
 from serving_study.config.platform import CPU_PLATFORM, GPU_PLATFORM
-from serving_study.config.records import Arm
 from serving_study.engine.preprocess import preprocess_image
 from serving_study.measure.server_queries import ServerNeverHealthy, wait_until_healthy
 from serving_study.servers.container_commands import (
@@ -278,14 +277,10 @@ def test_preflight_refuses_a_quota_docker_cannot_give():
         "container_runtimes": {"docker": {"installed": True, "engine_reachable": True}},
     }
     docker_engine = {"engine": "embedded", "runtime": "docker"}
-    minimal = {"variant": "v", "workload": "w", "concurrency": 1, "requests": 1}
-    arms = [
-        Arm.from_config(minimal | {"name": "A", "cpu_quota": 13.6}),
-        Arm.from_config(minimal | {"name": "B", "cpu_quota": "none"}),
-    ]
+    arms = [arm_record(cpu_quota=13.6), arm_record(name="B")]
     (need,) = unmet_needs(host, docker_engine, arms)
     assert "may not exceed this host's 2 CPUs" in need and "13.6" in need
-    fitting = Arm.from_config(minimal | {"name": "A", "cpu_quota": 2})
+    fitting = arm_record(cpu_quota=2)
     assert unmet_needs(host, docker_engine, [fitting]) == []
 
 

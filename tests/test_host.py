@@ -2,6 +2,8 @@
 
 import dataclasses
 
+from study_helpers import arm_record
+
 from serving_study.config.records import Arm, Workload
 from serving_study.servers.host import (
     arm_thread_plan,
@@ -17,9 +19,7 @@ def workload(**fields) -> Workload:
 
 def arm(**fields) -> Arm:
     """An arm of the given fields; the ones these tests do not look at filled in."""
-    return Arm.from_config(
-        {"variant": "v", "workload": "w512", "concurrency": 1, "requests": 1, **fields}
-    )
+    return arm_record(**{"workload": "w512", **fields})
 
 
 WORKLOADS = [

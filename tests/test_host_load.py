@@ -7,8 +7,8 @@ this host is doing while the tests run.
 import os
 
 import pytest
+from study_helpers import arm_record
 
-from serving_study.config.records import Arm
 from serving_study.measure.host_load import HostCpu, HostLoadMeter, parse_proc_stat
 from serving_study.measure.run_validity import invalid_reasons
 from serving_study.servers.cpu_group import CpuStat
@@ -90,16 +90,7 @@ def test_every_server_group_and_the_runner_count_as_the_runs_own():
     assert load["other_cores"] == pytest.approx(0.2)
 
 
-ARM = Arm.from_config(
-    {
-        "name": "A",
-        "variant": "v",
-        "workload": "w",
-        "cpu_quota": "none",
-        "concurrency": 1,
-        "requests": 1,
-    }
-)
+ARM = arm_record()
 # The one measured request the arm asks for, completed: only the load is in question.
 LOG = [{"index": 0, "phase": "measured", "status": 200, "error": None, "end_s": 1.0}]
 

@@ -2,10 +2,10 @@
 project's published fixes tables measured of each."""
 
 import pandas as pd
+from study_helpers import arm_record
 
 from serving_study.analysis.fix_comparison import COLUMNS, TRAP
 from serving_study.config.prescription import prescription
-from serving_study.config.records import Arm
 from serving_study.servers.host import arm_thread_plan
 
 
@@ -68,9 +68,7 @@ def test_what_a_results_page_measured_is_quoted(tmp_path):
 
 def test_only_an_arm_in_the_trap_gets_the_prescription(tmp_path):
     arms = [
-        Arm.from_config(
-            {"variant": "v", "workload": "w", "concurrency": 1, "requests": 1} | arm
-        )
+        arm_record(**arm)
         for arm in (
             {"name": "trap", "cpu_quota": 0.5, "environment": {}},
             {

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from study_helpers import snakemake_command
+from study_helpers import arm_record, snakemake_command
 
 from serving_study.config.platform import GPU_PLATFORM
 from serving_study.config.records import (
@@ -237,14 +237,7 @@ def test_records_show_that_a_secret_arrived_never_its_value():
 
 def test_preflight_refuses_a_host_without_the_arms_secrets(monkeypatch):
     monkeypatch.delenv(PLAIN_NAME, raising=False)
-    minimal = {"variant": "v", "workload": "w", "concurrency": 1, "requests": 1}
-    arms = [
-        Arm.from_config(
-            minimal
-            | {"name": "A", "cpu_quota": "none", "secret_environment": [PLAIN_NAME]}
-        ),
-        Arm.from_config(minimal | {"name": "B", "cpu_quota": "none"}),
-    ]
+    arms = [arm_record(secret_environment=[PLAIN_NAME]), arm_record(name="B")]
     engine = {"engine": "embedded", "runtime": "local"}
     host = {"shared_memory_free_mib": None}
     needs = unmet_needs(host, engine, arms)
@@ -255,17 +248,7 @@ def test_preflight_refuses_a_host_without_the_arms_secrets(monkeypatch):
 
 def test_the_runner_starts_nothing_without_a_named_secret(monkeypatch, tmp_path):
     monkeypatch.delenv(PLAIN_NAME, raising=False)
-    arm = Arm.from_config(
-        {
-            "name": "A",
-            "variant": "v",
-            "workload": "w",
-            "cpu_quota": "none",
-            "concurrency": 1,
-            "requests": 1,
-            "secret_environment": [PLAIN_NAME],
-        }
-    )
+    arm = arm_record(secret_environment=[PLAIN_NAME])
     variant = {"name": "v", "sglang_python_root": "/v", "mm_utils_sha256": "0" * 64}
     with pytest.raises(SecretNotSet, match=f"arm A passes {PLAIN_NAME}"):
         run_arm(
