@@ -32,11 +32,11 @@ rule measure_harness:
         arm_variant=f"results/variants/{BENCHMARK_ARM.variant}.json",
         variants=variant_identity_files(),
         study_jobs=STUDY_JOB_BENCHMARKS,
+        # Each run's wall time and, beside it, its measured window.
         study_runs=[
-            f"{run_directory(arm, run)}/{record}.json"
-            for arm, run in arm_runs()
-            for record in ("metrics", "provenance")
+            f"{run_directory(arm, run)}/provenance.json" for arm, run in arm_runs()
         ],
+        study_run_metrics=run_metrics_files(),
     output:
         figures="results/benchmarks/harness.json",
         details=directory("results/benchmarks/harness"),

@@ -27,7 +27,7 @@ settings = dict(snakemake.params.settings)
 settings["workload_manifest"] = snakemake.input.workload
 settings["study_job_benchmarks"] = list(snakemake.input.study_jobs)
 settings["study_run_directories"] = [
-    str(Path(path).parent) for path in snakemake.input.study_runs
+    str(Path(provenance).parent) for provenance in snakemake.input.study_runs
 ]
 settings["variant_roots"] = {
     identity["name"]: identity["sglang_python_root"] for identity in identities

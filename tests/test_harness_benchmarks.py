@@ -289,7 +289,8 @@ def test_a_job_without_its_record_leaves_the_study_wall_time_null(tmp_path):
     assert str(missing) in figures["reason"]
     figures = default_study_wall([present], [tmp_path / "results/exp/B/run1/x.json"])
     assert figures["default_study_wall_s"] is None
-    assert default_study_wall([present], [])["default_study_wall_s"] is None
+    no_runs = default_study_wall([present], [])
+    assert no_runs == {"default_study_wall_s": None, "reason": "the study has no runs"}
 
 
 # --- One real arm -----------------------------------------------------------------

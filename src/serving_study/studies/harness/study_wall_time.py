@@ -43,13 +43,14 @@ def default_study_wall(benchmarks: list[Path], run_provenances: list[Path]) -> d
     missing = [
         path for path in [*benchmarks, *run_provenances] if not Path(path).is_file()
     ]
-    if missing or not run_provenances:
+    if missing:
         return {
             "default_study_wall_s": None,
             "reason": f"{len(missing)} jobs of the default study have no record "
-            f"(first: {missing[0] if missing else None}): run "
-            "`snakemake --cores 1 all`",
+            f"(first: {missing[0]}): run `snakemake --cores 1 all`",
         }
+    if not run_provenances:
+        return {"default_study_wall_s": None, "reason": "the study has no runs"}
     by_rule: dict[str, float] = {}
     for path in benchmarks:
         rule = rule_of(path)
