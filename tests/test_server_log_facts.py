@@ -92,10 +92,9 @@ def test_sglangs_own_inline_warning_is_recognised():
 def test_a_process_that_loaded_the_module_must_resume_its_collector():
     # 100 and 101 loaded mm_utils; 55 (say, multiprocessing's resource tracker)
     # never loads it and never freezes, so it is not asked to resume.
-    assert gc_never_resumed(LOG) == [100, 101]
+    loads = loaded_modules(LOG)
+    assert gc_never_resumed(LOG, loads) == [100, 101]
     resumed = "serving-study gc resumed in pid 101\nserving-study gc resumed in pid 55"
-    assert gc_never_resumed(LOG + "\n" + resumed) == [100]
-    assert (
-        gc_never_resumed(resumed + "\nserving-study gc resumed in pid 100\n" + LOG)
-        == []
-    )
+    assert gc_never_resumed(LOG + "\n" + resumed, loads) == [100]
+    both = resumed + "\nserving-study gc resumed in pid 100\n" + LOG
+    assert gc_never_resumed(both, loads) == []

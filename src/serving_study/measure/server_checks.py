@@ -100,7 +100,8 @@ def server_identity(
     main_pid = server.pid if isinstance(server, LocalServer) else None
     load = main_process_load(log_text, main_pid)
     calls = stand_in_calls(log_text)
-    reported = {report.module for report in loaded_modules(log_text)}
+    loads = loaded_modules(log_text)
+    reported = {report.module for report in loads}
     facts |= {
         "patched_modules_never_loaded": [
             module
@@ -122,7 +123,7 @@ def server_identity(
         ),
     }
     if server.environment.get(STARTUP_GC_PAUSE_VARIABLE) == "1":
-        facts["gc_never_resumed_pids"] = gc_never_resumed(log_text)
+        facts["gc_never_resumed_pids"] = gc_never_resumed(log_text, loads)
     if load is None:
         facts["not_checked"].append(
             "mm_utils.py loaded and intra-op threads: the server's main process "

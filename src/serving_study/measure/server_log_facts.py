@@ -110,16 +110,12 @@ def gc_resumed_pids(log_text: str) -> set[int]:
     return {int(match["pid"]) for match in GC_RESUMED_LINE.finditer(log_text)}
 
 
-def gc_never_resumed(log_text: str) -> list[int]:
-    """Processes that loaded the module under study but never resumed their
-    garbage collector (meaningful only when the pause was asked for)."""
-    resumed = gc_resumed_pids(log_text)
-    loaders = {
-        report.pid
-        for report in loaded_modules(log_text)
-        if report.module == TRANSPORT_MODULE
-    }
-    return sorted(loaders - resumed)
+def gc_never_resumed(log_text: str, loads: list[LoadedModule]) -> list[int]:
+    """Processes that loaded the module under study (``loads``, the log's
+    ``loaded_modules``) but never resumed their garbage collector (meaningful only
+    when the pause was asked for)."""
+    loaders = {report.pid for report in loads if report.module == TRANSPORT_MODULE}
+    return sorted(loaders - gc_resumed_pids(log_text))
 
 
 def inline_fallback_reported(log_text: str) -> bool:
