@@ -52,6 +52,13 @@ MAP_REPORT_ITEMS = (
             subcategory="Tables",
             labels={"item": "thread x quota map: every cell"},
         ),
+        "map_contrast_table": report(
+            "results/{experiment}/figures/table_thread_quota_map_contrast.html",
+            caption="../report/table_thread_quota_map_contrast.rst",
+            category="{experiment}",
+            subcategory="Tables",
+            labels={"item": "thread x quota map: the variants compared"},
+        ),
     }
     if config.get("thread_quota_map")
     else {}
@@ -106,7 +113,7 @@ rule aggregate:
 rule report_html:
     input:
         tables=rules.aggregate.output,
-        map_table=map_table_file(),
+        map_tables=map_table_files(),
         host="results/{experiment}/host.json",
         variants=variant_identity_files(),
     output:

@@ -86,7 +86,7 @@ wildcard_constraints:
     workload=one_of(WORKLOADS),
     arm=one_of(ARMS),
     run=r"[1-9][0-9]*",
-    threads=r"[1-9][0-9]*",
+    block=r"[1-9][0-9]*",
     model=re.escape(MODEL),
 
 
@@ -187,23 +187,25 @@ def variant_identity_files():
     return [f"results/variants/{name}.json" for name in VARIANTS]
 
 
-def map_row_files():
-    """Each row of the thread x quota map (none when the config has no map)."""
+def map_block_files():
+    """Each block of the thread x quota map (none when the config has no map)."""
     settings = config.get("thread_quota_map")
     if not settings:
         return []
     return [
-        f"results/{EXPERIMENT}/thread-quota-map/{variant}/threads{threads}.json"
-        for variant in settings["variants"]
-        for threads in settings["intra_op_threads"]
+        f"results/{EXPERIMENT}/thread-quota-map/block{block}.json"
+        for block in range(1, settings["blocks"] + 1)
     ]
 
 
-def map_table_file():
-    """The map's table, which the report draws, when the config has a map."""
+def map_table_files():
+    """The map's tables, which the report draws, when the config has a map."""
     if not config.get("thread_quota_map"):
         return []
-    return f"results/{EXPERIMENT}/tables/thread_quota_map.csv"
+    return [
+        f"results/{EXPERIMENT}/tables/thread_quota_map.csv",
+        f"results/{EXPERIMENT}/tables/thread_quota_map_contrast.csv",
+    ]
 
 
 def final_outputs():

@@ -1,16 +1,19 @@
-# The thread x quota map (config: thread_quota_map): per variant and forced intra-op
-# thread count, one server measured under each CPU quota in turn, then one table of
-# every cell. The report draws it as heatmaps. It exists only when configured.
+# The thread x quota map (config: thread_quota_map) in seeded shuffled blocks: each
+# block measures every (variant, threads, quota) cell once, thread counts in a
+# seeded order, both variants' servers side by side and their cells shuffled. Then
+# one table of every cell and one of the variant contrast paired within blocks. The
+# report draws them as heatmaps. It exists only when configured.
 
 if config.get("thread_quota_map"):
     MAP = config["thread_quota_map"]
-    # What one row reads of the map's settings (the variants and thread counts
-    # are its wildcards).
-    MAP_ROW = {
+    # What a block reads of the map's settings (its number is its wildcard).
+    MAP_BLOCK = {
         key: MAP[key]
         for key in (
+            "variants",
             "workload",
             "transport",
+            "intra_op_threads",
             "cpu_quotas",
             "concurrency",
             "requests",
@@ -19,39 +22,41 @@ if config.get("thread_quota_map"):
         )
     }
 
-    rule map_row:
+    rule map_block:
         input:
-            variant="results/variants/{variant}.json",
+            variants=expand("results/variants/{variant}.json", variant=MAP["variants"]),
             workload=f"results/workloads/{MAP['workload']}/manifest.json",
             host="results/{experiment}/host.json",
         output:
-            row="results/{experiment}/thread-quota-map/{variant}/threads{threads}.json",
-            cells=directory(
-                "results/{experiment}/thread-quota-map/{variant}/threads{threads}"
-            ),
+            block="results/{experiment}/thread-quota-map/block{block}.json",
+            cells=directory("results/{experiment}/thread-quota-map/block{block}"),
         log:
-            "results/logs/map_row/{experiment}/{variant}/threads{threads}.log",
+            "results/logs/map_block/{experiment}/block{block}.log",
         conda:
             "../envs/workflow.yaml"
         threads: WHOLE_HOST
         params:
-            settings=MAP_ROW,
+            settings=MAP_BLOCK,
+            seed=config["seed"],
             server=SERVER.as_config(),
             client=CLIENT.as_config(),
             monitors=MONITORS.as_config(),
             sharing=HOST_SHARING.as_config(),
         script:
-            "../scripts/map_row.py"
+            "../scripts/map_block.py"
 
     rule map_table:
         input:
-            rows=map_row_files(),
+            blocks=map_block_files(),
         output:
             table="results/{experiment}/tables/thread_quota_map.csv",
+            contrast="results/{experiment}/tables/thread_quota_map_contrast.csv",
         log:
             "results/logs/map_table/{experiment}.log",
         localrule: True
         conda:
             "../envs/workflow.yaml"
+        params:
+            variants=MAP["variants"],
         script:
             "../scripts/map_table.py"

@@ -1,14 +1,20 @@
-"""Snakemake shim: every cell of the thread x quota map as one CSV table."""
+"""Snakemake shim: every cell of the thread x quota map as one CSV table, and the
+variant contrast paired within blocks as another."""
 
 import json
 import logging
 import sys
 from pathlib import Path
 
+from serving_study.analysis.map_contrast import map_contrast
 from serving_study.studies.thread_quota_map import map_table
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO)
 
-rows = [json.loads(Path(path).read_text()) for path in snakemake.input.rows]
-map_table(rows).to_csv(snakemake.output.table, index=False)
+blocks = [json.loads(Path(path).read_text()) for path in snakemake.input.blocks]
+cells = map_table(blocks)
+cells.to_csv(snakemake.output.table, index=False)
+map_contrast(cells, list(snakemake.params.variants)).to_csv(
+    snakemake.output.contrast, index=False
+)

@@ -1,5 +1,6 @@
-"""The thread x quota map: its config checks, its table and heatmaps, and one real
-row through the whole workflow (forced threads beyond the CPUs, quota changed live)."""
+"""The thread x quota map: its config checks, its seeded shuffled blocks, its tables
+and heatmaps, and a real two-block map through the whole workflow (forced threads
+beyond the CPUs, both variants side by side, quota changed live)."""
 
 import json
 import os
@@ -11,9 +12,10 @@ import pytest
 import yaml
 from study_helpers import TEST_CONFIG, leaked_segments, snakemake_command
 
+from serving_study.analysis.map_contrast import map_contrast, quota_order
 from serving_study.config.validation import ConfigError, check_config
-from serving_study.report.map_chart import quota_order, thread_quota_map
-from serving_study.studies.thread_quota_map import map_rows, map_table, quota_label
+from serving_study.report.map_chart import thread_quota_map
+from serving_study.studies.thread_quota_map import block_plan, map_table, quota_label
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"
@@ -79,15 +81,54 @@ def test_forcing_threads_is_refused_for_real_sglang():
     assert "arms[0].intra_op_threads: only the embedded engine" in str(error.value)
 
 
-def test_rows_and_labels():
-    assert map_rows(MAP) == [("original", 3), ("patched", 3)]
+def test_labels_and_quota_order():
     labels = [quota_label(quota) for quota in ("none", 2, 0.5, 16.0)]
     assert labels == ["none", "2", "0.5", "16"]
     assert quota_order(["none", "16", "2", "0.5"]) == ["0.5", "2", "16", "none"]
 
 
-def cell(variant, threads, quota, throughput, valid=True, reason=None):
+GRID = {
+    "variants": ["original", "patched"],
+    "intra_op_threads": [1, 2, 4, 8, 16],
+    "cpu_quotas": ["none", 4, 2, 1],
+}
+
+
+def flat(plan) -> list[tuple]:
+    return [(v, r.threads, q) for r in plan for v, q in r.cells]
+
+
+def test_each_block_measures_every_cell_once_in_its_own_seeded_order():
+    every_cell = sorted(
+        (v, t, str(q))
+        for v in GRID["variants"]
+        for t in GRID["intra_op_threads"]
+        for q in GRID["cpu_quotas"]
+    )
+    orders = [flat(block_plan(GRID, seed=7, block=block)) for block in (1, 2, 3)]
+    for order in orders:
+        assert sorted((v, t, str(q)) for v, t, q in order) == every_cell
+    # Each block has an order of its own, and the same seed gives the same order.
+    assert len({tuple(order) for order in orders}) == 3
+    assert flat(block_plan(GRID, seed=7, block=2)) == orders[1]
+    assert flat(block_plan(GRID, seed=8, block=2)) != orders[1]
+
+
+def test_a_block_interleaves_the_variants_instead_of_running_one_after_the_other():
+    for block in (1, 2, 3):
+        for server_round in block_plan(GRID, seed=20261130, block=block):
+            variants = [v for v, _ in server_round.cells]
+            # A run of one variant's cells in config order would switch once.
+            switches = sum(a != b for a, b in zip(variants, variants[1:], strict=False))
+            assert switches >= 2, variants
+        thread_order = [r.threads for r in block_plan(GRID, seed=20261130, block=block)]
+        assert sorted(thread_order) == GRID["intra_op_threads"]
+
+
+def cell(variant, threads, quota, throughput, valid=True, reason=None, block=1):
     return {
+        "block": block,
+        "position": 0,
         "variant": variant,
         "intra_op_threads": threads,
         "cpu_quota": quota,
@@ -104,39 +145,77 @@ def cell(variant, threads, quota, throughput, valid=True, reason=None):
 
 
 def test_table_keeps_every_cell_and_drops_figures_of_invalid_ones():
-    rows = [
+    blocks = [
         [cell("original", 1, "none", 10.0), cell("original", 1, "2", 4.0)],
         [
-            cell("patched", 1, "none", 12.0),
-            cell("patched", 1, "2", 8.0, valid=False, reason="server died"),
+            cell("patched", 1, "none", 12.0, block=2),
+            cell("patched", 1, "2", 8.0, valid=False, reason="server died", block=2),
         ],
     ]
-    table = map_table(rows)
+    table = map_table(blocks)
     assert len(table) == 4
+    assert table["block"].tolist() == [1, 1, 2, 2]
     invalid = table[~table["valid"]].iloc[0]
     assert invalid["invalid_reason"] == "server died"
     assert pd.isna(invalid["throughput_rps"])
     assert table["throughput_rps"].tolist()[:3] == [10.0, 4.0, 12.0]
 
 
-def test_heatmaps_show_each_variant_and_the_ratio_of_valid_cells():
-    table = map_table(
+def test_the_contrast_pairs_cells_within_blocks_not_across_them():
+    # A host that slows down from block 1 to block 3: pairing within blocks sees
+    # the patched copy 10% ahead in every block; a ratio of medians across blocks
+    # would mix the drift into it.
+    blocks = [
         [
-            [cell("original", 1, "none", 10.0), cell("original", 8, "none", 4.0)],
-            [cell("patched", 1, "none", 12.0), cell("patched", 8, "none", 8.0)],
+            cell("original", 4, "1", 10.0 * speed, block=block),
+            cell("patched", 4, "1", 11.0 * speed, block=block),
+        ]
+        for block, speed in ((1, 1.0), (2, 0.8), (3, 0.6))
+    ]
+    blocks[2][0] = cell("original", 4, "1", 99.0, valid=False, reason="x", block=3)
+    contrast = map_contrast(map_table(blocks), ["original", "patched"])
+    line = contrast.iloc[0]
+    assert (line["baseline"], line["compared"]) == ("original", "patched")
+    assert line["paired_blocks"] == 2
+    assert line["ratio"] == pytest.approx(1.1)
+    assert line["blocks_above_1"] == 2 and line["blocks_below_1"] == 0
+    assert line["block_ratios"] == "1.100;1.100"
+    # Each variant's median over its own valid blocks.
+    assert line["baseline_rps"] == pytest.approx(9.0)
+    assert line["compared_rps"] == pytest.approx(8.8)
+
+
+def test_heatmaps_show_each_variant_and_the_paired_ratio_of_valid_cells():
+    cells = map_table(
+        [
+            [
+                cell("patched", 1, "none", 12.0, block=block),
+                cell("original", 1, "none", 10.0, block=block),
+                cell("original", 8, "none", 4.0 * block, block=block),
+                cell("patched", 8, "none", 8.0 * block, block=block),
+            ]
+            for block in (1, 2)
         ]
     )
-    spec = thread_quota_map(table)
+    spec = thread_quota_map(cells, map_contrast(cells, ["original", "patched"]))
     assert len(spec["hconcat"]) == 3
+    assert spec["hconcat"][0]["title"] == "original: throughput (req/s)"
     datasets = list(spec["datasets"].values())
     ratios = sorted(row["ratio"] for data in datasets for row in data if "ratio" in row)
     assert ratios == pytest.approx([1.2, 2.0])
+    medians = sorted(
+        row["throughput_rps"]
+        for data in datasets
+        for row in data
+        if "throughput_rps" in row
+    )
+    assert medians == pytest.approx([6.0, 10.0, 12.0, 12.0])
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() != 0, reason="the quota needs root")
-def test_a_real_map_row_forces_threads_and_changes_the_quota_live(tmp_path):
-    config = config_with_map(variants=["patched"])
+def test_a_real_map_runs_in_blocks_with_both_variants_side_by_side(tmp_path):
+    config = config_with_map(blocks=2)
     config_file = tmp_path / "map.yaml"
     config_file.write_text(yaml.safe_dump(config))
     workdir = tmp_path / "work"
@@ -150,29 +229,51 @@ def test_a_real_map_row_forces_threads_and_changes_the_quota_live(tmp_path):
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
 
     results = workdir / "results" / "test-map"
-    cells = json.loads((results / "thread-quota-map/patched/threads3.json").read_text())
-    assert [c["cpu_quota"] for c in cells] == ["none", "0.5"]
-    for measured in cells:
-        assert measured["valid"], measured["invalid_reasons"]
-        # Three threads on a host of two CPUs: only set_num_threads can do that.
-        assert measured["torch_threads"] == 3
-    quotas = [c["checks"]["quota_in_force_cores"] for c in cells]
-    assert quotas == [None, pytest.approx(0.5)]
-    # The kernel counts quota periods only while a quota is set (a share of
-    # throttled periods then exists, whether or not this light load hit it): the
-    # live change reached the kernel.
-    throttled = [c["throttled_share"] for c in cells]
-    assert throttled[0] is None and throttled[1] is not None
+    for block in (1, 2):
+        cells = json.loads(
+            (results / f"thread-quota-map/block{block}.json").read_text()
+        )
+        # The block ran its seeded plan: every cell once, in that order.
+        plan = block_plan(config["thread_quota_map"], config["seed"], block)
+        assert [(c["variant"], c["cpu_quota"]) for c in cells] == [
+            (v, quota_label(q)) for r in plan for v, q in r.cells
+        ]
+        assert [c["position"] for c in cells] == [0, 1, 2, 3]
+        for measured in cells:
+            assert measured["valid"], measured["invalid_reasons"]
+            # Three threads on a host of two CPUs: only set_num_threads can do that.
+            assert measured["torch_threads"] == 3
+            quota = measured["checks"]["quota_in_force_cores"]
+            if measured["cpu_quota"] == "none":
+                # The kernel counts quota periods only while a quota is set.
+                assert quota is None and measured["throttled_share"] is None
+            else:
+                # The live change reached the kernel.
+                assert quota == pytest.approx(0.5)
+                assert measured["throttled_share"] is not None
+        # Both variants' servers ran side by side: each served its own cells, and
+        # each was up before the block's first cell and until its last.
+        servers = {
+            variant: json.loads(
+                (
+                    results
+                    / f"thread-quota-map/block{block}/{variant}-threads3/server.json"
+                ).read_text()
+            )
+            for variant in ("original", "patched")
+        }
+        assert servers["original"]["server_argv"] != servers["patched"]["server_argv"]
+        assert max(s["started_at"] for s in servers.values()) <= cells[0]["started_at"]
+        # The block held the host's measurement lock, as an arm's run does.
+        assert servers["patched"]["host_lock"]["lock_file"].endswith(".lock")
 
-    # The row held the host's measurement lock, as an arm's run does.
-    row_server = json.loads(
-        (results / "thread-quota-map/patched/threads3/server.json").read_text()
-    )
-    assert row_server["host_lock"]["lock_file"].endswith(".lock")
     table = pd.read_csv(results / "tables" / "thread_quota_map.csv")
-    assert len(table) == 2 and table["valid"].all()
+    assert len(table) == 8 and table["valid"].all()
+    contrast = pd.read_csv(results / "tables" / "thread_quota_map_contrast.csv")
+    assert contrast["paired_blocks"].tolist() == [2, 2]
     page = (results / "report.html").read_text()
     assert "Throughput over intra-op threads and CPU quota" in page
-    assert "Thread x quota map: every cell" in page
+    assert "Thread x quota map: the variants compared, paired in blocks" in page
     assert (results / "figures" / "thread_quota_map.html").is_file()
+    assert (results / "figures" / "table_thread_quota_map_contrast.html").is_file()
     assert not leaked_segments()

@@ -4,32 +4,45 @@
 #   tests/gpu/run_on_gpu_host.sh OUT check
 #       host description, then the GPU and cgroup tests (preprocessing on the GPU,
 #       both transports, real quota groups); stops at the first failure
+#   tests/gpu/run_on_gpu_host.sh OUT stage
+#       install or stage what .device/ holds, and nothing else
 #   tests/gpu/run_on_gpu_host.sh OUT study SECONDS TARGET...
 #       snakemake on config/gpu-host.yaml for at most SECONDS (then interrupted,
 #       so that every server is torn down), and the results packed into OUT
 #
 # The host has no network: what it lacks travels in .device/ (git-ignored), made here
 # as docs/results/gpu-host/README.md says: .device/wheels (snakemake and its needs for
-# the host's Python 3.12) and .device/downloads (the SGLang 0.5.23 wheel for it).
+# the host's Python 3.12), .device/report-wheels (vl-convert, for the report page) and
+# .device/downloads (the SGLang 0.5.23 wheel for it). Together they exceed what one
+# call to the host may carry, so each may come in a call of its own: whatever is
+# there is installed or staged once, and kept while the host stays up.
 set -uo pipefail
 out=$1
 mode=$2
 shift 2
 
 export PYTHONUNBUFFERED=1
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-if [ -d .device/wheels ]; then
-    if [ ! -d /tmp/site/snakemake ]; then
-        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
-            --upgrade --target /tmp/site .device/wheels/*.whl || exit 1
-    fi
-    export PYTHONPATH="$PYTHONPATH:/tmp/site"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}:/tmp/site"
+install_wheels() {
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+        --upgrade --target /tmp/site "$1"/*.whl
+}
+if [ -d .device/wheels ] && [ ! -d /tmp/site/snakemake ]; then
+    install_wheels .device/wheels || exit 1
+fi
+if [ -d .device/report-wheels ] && [ ! -d /tmp/site/vl_convert ]; then
+    install_wheels .device/report-wheels || exit 1
+fi
+if [ -d .device/downloads ]; then
     mkdir -p resources/downloads .pytest_cache/d/sglang-wheels
     cp -n .device/downloads/*.whl resources/downloads/
     cp -n .device/downloads/*.whl .pytest_cache/d/sglang-wheels/
 fi
 
 case "$mode" in
+stage)
+    ls resources/downloads /tmp/site 2>/dev/null | head -n 5
+    ;;
 check)
     {
         nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv
@@ -58,7 +71,7 @@ study)
     exit "$status"
     ;;
 *)
-    echo "unknown mode $mode (check or study)" >&2
+    echo "unknown mode $mode (stage, check or study)" >&2
     exit 2
     ;;
 esac

@@ -42,6 +42,7 @@ TABLE_NAMES = ("runs", "arms", "ratios", "invalid_runs", "claims")
 RELEASE_TABLE = "releases"
 # Written by the thread x quota map's own rule (thread_quota_map.py) when configured.
 MAP_TABLE = "thread_quota_map"
+MAP_CONTRAST_TABLE = "thread_quota_map_contrast"
 
 
 def aggregate(metrics_paths: Iterable[Path], config: dict) -> dict[str, pd.DataFrame]:
@@ -115,5 +116,12 @@ def read_tables(in_dir: Path) -> dict[str, pd.DataFrame]:
         # Quotas stay text: "none" sits beside numbers of cores.
         tables[MAP_TABLE] = pd.read_csv(
             cells, dtype={"variant": str, "cpu_quota": str, "invalid_reason": str}
+        )
+        contrast = Path(in_dir) / f"{MAP_CONTRAST_TABLE}.csv"
+        tables[MAP_CONTRAST_TABLE] = pd.read_csv(
+            contrast,
+            dtype={"cpu_quota": str, "block_ratios": str},
+            keep_default_na=False,
+            na_values=[""],
         )
     return tables

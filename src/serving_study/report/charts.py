@@ -13,7 +13,7 @@ them as `.vl.json` files.
 
 import pandas as pd
 
-from serving_study.analysis.aggregate import MAP_TABLE
+from serving_study.analysis.aggregate import MAP_CONTRAST_TABLE, MAP_TABLE
 from serving_study.analysis.fix_comparison import FIXES_TABLE, fixes_chart_spec
 from serving_study.report.arm_charts import arm_comparison, throughput_vs_concurrency
 from serving_study.report.map_chart import thread_quota_map
@@ -30,7 +30,9 @@ def chart_specs(tables: dict[str, pd.DataFrame], config: dict) -> dict[str, dict
     if is_release_series(config, tables):
         specs["release_series"] = release_series(tables)
     if MAP_TABLE in tables:
-        specs["thread_quota_map"] = thread_quota_map(tables[MAP_TABLE])
+        specs["thread_quota_map"] = thread_quota_map(
+            tables[MAP_TABLE], tables[MAP_CONTRAST_TABLE]
+        )
     if FIXES_TABLE in tables:
         specs["which_fix"] = fixes_chart_spec(tables[FIXES_TABLE])
     return specs

@@ -1,24 +1,23 @@
-"""The thread x quota map's figure: throughput as one heatmap per variant
-(intra-op threads across, quota down), and with two variants their ratio."""
+"""The thread x quota map's figure: each variant's median throughput over the
+blocks as one heatmap (intra-op threads across, quota down), and with two
+variants their ratio, the median of the ratios paired within blocks."""
 
 import altair as alt
 import pandas as pd
 
+from serving_study.analysis.map_contrast import cell_medians, quota_order
 from serving_study.report.figures import FIGURE_TITLES
 
 
-def quota_order(quotas) -> list[str]:
-    """Quotas from the smallest to none (no quota)."""
-    numbers = sorted({q for q in quotas if q != "none"}, key=float)
-    return numbers + (["none"] if "none" in set(quotas) else [])
-
-
-def thread_quota_map(cells: pd.DataFrame) -> dict:
+def thread_quota_map(cells: pd.DataFrame, contrast: pd.DataFrame) -> dict:
     """One throughput heatmap per variant; with two variants, also their ratio."""
-    cells = cells.assign(cpu_quota=cells["cpu_quota"].astype(str))
+    variants = list(dict.fromkeys(cells["variant"]))
+    if len(contrast):
+        named = [contrast["baseline"].iloc[0], *dict.fromkeys(contrast["compared"])]
+        variants = named + [v for v in variants if v not in named]
+    cells = cell_medians(cells.assign(cpu_quota=cells["cpu_quota"].astype(str)))
     threads = sorted(int(t) for t in cells["intra_op_threads"].unique())
     quotas = quota_order(cells["cpu_quota"])
-    variants = list(dict.fromkeys(cells["variant"]))
     x = alt.X("intra_op_threads:O", sort=threads, title="intra-op threads (forced)")
     y = alt.Y("cpu_quota:O", sort=quotas, title="CPU quota (cores)")
     # Every variant on one scale from zero (1 when no cell was valid).
@@ -35,26 +34,19 @@ def thread_quota_map(cells: pd.DataFrame) -> dict:
         )
         for variant in variants
     ]
-    if len(variants) == 2:
+    if len(variants) == 2 and len(contrast):
         first, second = variants
-        paired = cells.pivot_table(
-            index=["intra_op_threads", "cpu_quota"],
-            columns="variant",
-            values="throughput_rps",
-        ).reset_index()
-        if first in paired and second in paired:
-            paired["ratio"] = paired[second] / paired[first]
-            paired = paired.dropna(subset=["ratio"])
-            panels.append(
-                heatmap_panel(
-                    paired,
-                    x,
-                    y,
-                    "ratio",
-                    alt.Scale(scheme="blueorange", domainMid=1, type="log"),
-                    f"{second} / {first} throughput",
-                )
+        paired = contrast.assign(cpu_quota=contrast["cpu_quota"].astype(str))
+        panels.append(
+            heatmap_panel(
+                paired.dropna(subset=["ratio"]),
+                x,
+                y,
+                "ratio",
+                alt.Scale(scheme="blueorange", domainMid=1, type="log"),
+                f"{second} / {first} throughput (paired in blocks)",
             )
+        )
     chart = alt.hconcat(*panels).properties(title=FIGURE_TITLES["thread_quota_map"])
     return chart.resolve_scale(color="independent").to_dict()
 

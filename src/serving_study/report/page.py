@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from serving_study.analysis.aggregate import MAP_TABLE
+from serving_study.analysis.aggregate import MAP_CONTRAST_TABLE, MAP_TABLE
 from serving_study.analysis.fix_comparison import FIXES_TABLE
 from serving_study.report.charts import chart_specs
 from serving_study.report.document import html_document
@@ -37,6 +37,7 @@ from serving_study.report.tables import (
     arms_html,
     invalid_runs_html,
     map_cells_html,
+    map_contrast_html,
     runs_html,
 )
 from serving_study.report.verdicts import claims_html, ratios_html, verdicts_html
@@ -48,7 +49,8 @@ TABLE_TITLES = {
     "invalid_runs": "Invalid runs, left out of every median",
     "runs": "Every run",
     "releases": "Releases: each against the release before",
-    MAP_TABLE: "Thread x quota map: every cell",
+    MAP_CONTRAST_TABLE: "Thread x quota map: the variants compared, paired in blocks",
+    MAP_TABLE: "Thread x quota map: every cell of every block",
     FIXES_TABLE: "Which fix: throughput, latency and CPU cost of each",
 }
 
@@ -146,6 +148,7 @@ def table_sections(tables: dict[str, pd.DataFrame], config: dict) -> dict[str, s
     if is_release_series(config, tables):
         sections = {"releases": releases_html(tables, config), **sections}
     if MAP_TABLE in tables:
+        sections[MAP_CONTRAST_TABLE] = map_contrast_html(tables[MAP_CONTRAST_TABLE])
         sections[MAP_TABLE] = map_cells_html(tables[MAP_TABLE])
     if FIXES_TABLE in tables:
         sections = {FIXES_TABLE: fixes_html(tables[FIXES_TABLE]), **sections}

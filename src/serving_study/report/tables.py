@@ -144,12 +144,19 @@ def runs_html(tables: dict[str, pd.DataFrame]) -> str:
 def map_cells_html(cells: pd.DataFrame) -> str:
     # The cell figures the table holds, without those no cell measured (GPU).
     columns = [c for c in cells.columns if c in METRICS and cells[c].notna().any()]
-    header = ["variant", "intra-op threads", "quota (cores)", "valid"] + [
-        metric_heading(column) for column in columns
-    ]
+    header = [
+        "block",
+        "order",
+        "variant",
+        "intra-op threads",
+        "quota (cores)",
+        "valid",
+    ] + [metric_heading(column) for column in columns]
     header.append("why invalid")
     rows = [
         [
+            text(row["block"]),
+            text(row["position"]),
             row["variant"],
             text(row["intra_op_threads"]),
             text(row["cpu_quota"]),
@@ -158,5 +165,38 @@ def map_cells_html(cells: pd.DataFrame) -> str:
             text(row["invalid_reason"]),
         ]
         for row in cells.to_dict("records")
+    ]
+    return html_table(header, rows, numeric_from=6)
+
+
+def map_contrast_html(contrast: pd.DataFrame) -> str:
+    header = [
+        "intra-op threads",
+        "quota (cores)",
+        "baseline",
+        "compared",
+        "baseline req/s",
+        "compared req/s",
+        "ratio (median of blocks)",
+        "paired blocks",
+        "blocks below 1",
+        "blocks above 1",
+        "each block's ratio",
+    ]
+    rows = [
+        [
+            text(row["intra_op_threads"]),
+            text(row["cpu_quota"]),
+            row["baseline"],
+            row["compared"],
+            format_number(row["baseline_rps"]),
+            format_number(row["compared_rps"]),
+            format_number(row["ratio"]),
+            text(row["paired_blocks"]),
+            text(row["blocks_below_1"]),
+            text(row["blocks_above_1"]),
+            text(row["block_ratios"]).replace(";", ", "),
+        ]
+        for row in contrast.to_dict("records")
     ]
     return html_table(header, rows, numeric_from=4)

@@ -2,20 +2,29 @@
 
 The study measured one point (128 threads under 13.6 cores). The map measures a
 grid for each copy variant: rows are forced intra-op thread counts, columns CPU
-quotas (``none`` = no quota). Each row is one fresh server whose main process
-is given its thread count with ``torch.set_num_threads`` (``OMP_NUM_THREADS``
-cannot exceed the visible CPUs: torch clamps it). Within a row the quota is
-rewritten on the live cgroup between cells, as ``docker update --cpus`` does,
-and every cell gets its own warm-up and measured window, monitors and checks.
-One server per row instead of per cell keeps a 96-cell map affordable; the
-thread count, the one thing a restart would reset, is fixed per row.
+quotas (``none`` = no quota). A server's main process is given its thread count
+with ``torch.set_num_threads`` (``OMP_NUM_THREADS`` cannot exceed the visible
+CPUs: torch clamps it), and the quota is rewritten on its live cgroup between
+cells, as ``docker update --cpus`` does. Every cell gets its own warm-up and
+measured window, monitors and checks.
+
+The map runs in seeded shuffled blocks, so that drift on the host cannot pose
+as a difference between variants. A block measures every (variant, threads,
+quota) cell once: its thread counts come in a seeded order; for each, one fresh
+server per variant runs side by side, and their (variant, quota) cells are
+measured in a seeded shuffled order, so each variant contrast is paired within a
+few seconds. Restarting a server per cell would make a 96-cell block cost
+minutes of start-up; the thread count, the one thing a restart would reset, is
+fixed per server.
 
 A cell that cannot be measured is recorded as invalid with its reason; after
-the server died, the row's remaining cells say so. Nothing invalid is drawn.
+a server died, its remaining cells say so. Nothing invalid is drawn.
 """
 
+import contextlib
 import dataclasses
 import logging
+import random
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -55,6 +64,8 @@ CELL_FIGURES = (
     "gpu_util_percent",
 )
 TABLE_COLUMNS = (
+    "block",
+    "position",
     "variant",
     "intra_op_threads",
     "cpu_quota",
@@ -71,18 +82,36 @@ def quota_label(quota: float | str | None) -> str:
     return "none" if cores is None else f"{cores:g}"
 
 
-def map_rows(settings: Mapping) -> list[tuple[str, int]]:
-    """Every (variant, intra-op threads) row of the map."""
-    return [
-        (variant, threads)
-        for variant in settings["variants"]
-        for threads in settings["intra_op_threads"]
-    ]
+@dataclasses.dataclass(frozen=True)
+class ServerRound:
+    """One thread count within a block: its servers (one per variant) and the
+    (variant, quota) cells measured on them, in execution order."""
+
+    threads: int
+    cells: tuple[tuple[str, float | str], ...]
+
+
+def block_plan(settings: Mapping, seed: int, block: int) -> list[ServerRound]:
+    """Block ``block`` of the map: every cell once, in an order drawn from the
+    seed and the block number alone (the same on any host)."""
+    draw = random.Random(f"{seed}-map-block-{block}")
+    threads = list(settings["intra_op_threads"])
+    draw.shuffle(threads)
+    rounds = []
+    for count in threads:
+        cells = [
+            (variant, quota)
+            for variant in settings["variants"]
+            for quota in settings["cpu_quotas"]
+        ]
+        draw.shuffle(cells)
+        rounds.append(ServerRound(count, tuple(cells)))
+    return rounds
 
 
 def cell_arm(settings: Mapping, variant: str, threads: int, quota) -> Arm:
     """One cell as an arm, so that the arm runner's parts serve it: the map's
-    settings, the row's variant and threads, the column's quota on the whole
+    settings, the server's variant and threads, the cell's quota on the whole
     server, and nothing else (no environment, secrets or server arguments)."""
     return Arm.from_config(
         {
@@ -103,105 +132,174 @@ def cell_arm(settings: Mapping, variant: str, threads: int, quota) -> Arm:
     )
 
 
+@dataclasses.dataclass(frozen=True)
+class MapContext:
+    """What every server and cell of one block shares."""
+
+    experiment: str
+    settings: Mapping
+    block: int
+    variants: Mapping[str, Variant]
+    workload_manifest: Path
+    server_settings: ServerSettings
+    client: ClientSettings
+    monitors: MonitorSettings
+    block_dir: Path
+
+
 @termination_as_interrupt()
-def run_map_row(
+def run_map_block(
     *,
     experiment: str,
     settings: Mapping,
-    threads: int,
-    variant: Variant,
+    seed: int,
+    block: int,
+    variants: Mapping[str, Variant],
     workload_manifest: Path,
     server_settings: ServerSettings,
     client: ClientSettings,
     monitors: MonitorSettings,
-    cells_dir: Path,
+    block_dir: Path,
     sharing: HostSharing,
 ) -> list[dict]:
-    """Measure one row of the map on one server; return its cells' metrics.
+    """Measure block ``block`` of the map; return its cells' metrics in the order
+    they ran.
 
-    ``settings`` is the config's ``thread_quota_map`` section (what a row reads of
-    it: workload, transport, quotas and the cells' sizes). The row holds the host's
-    measurement lock from before its server starts until it has stopped, as an arm's
-    run does.
+    ``settings`` is the config's ``thread_quota_map`` section. The block holds the
+    host's measurement lock from before its first server starts until its last has
+    stopped, as an arm's run does.
     """
+    context = MapContext(
+        experiment=experiment,
+        settings=settings,
+        block=block,
+        variants=variants,
+        workload_manifest=workload_manifest,
+        server_settings=server_settings,
+        client=dataclasses.replace(client, warmup_requests=settings["warmup_requests"]),
+        monitors=monitors,
+        block_dir=block_dir,
+    )
+    block_dir.mkdir(parents=True, exist_ok=True)
+    cells: list[dict] = []
     with MeasurementLock.acquire(
-        sharing, holder=f"experiment {experiment}, map row {variant.name} t{threads}"
+        sharing, holder=f"experiment {experiment}, map block {block}"
     ) as lock:
-        variant_name = variant.name
-        quotas = settings["cpu_quotas"]
-        cell_client = dataclasses.replace(
-            client, warmup_requests=settings["warmup_requests"]
-        )
-        cells_dir.mkdir(parents=True, exist_ok=True)
-        server_paths = RunPaths.in_directory(cells_dir)
-        server_paths.server_log.write_text("")
-        group_name = owned_name(f"{experiment}-map-{variant_name}-t{threads}")
-        try:
-            # On failure it has stopped its server already: nothing to tear down here.
-            server, base_url = start_healthy_server(
-                server_settings,
-                variant,
-                cell_arm(settings, variant_name, threads, quotas[0]),
-                group_name,
-                server_paths,
-                cell_client,
-                workload_manifest,
-            )
-        except ArmFailed as failure:
-            reason = f"the row's server never served: {str(failure).splitlines()[0]}"
-            return [
-                failed_cell(settings, variant_name, threads, quota, reason)
-                for quota in quotas
-            ]
-        cells: list[dict] = []
-        try:
-            write_json(
-                cells_dir / "server.json",
-                {
-                    "server_argv": server.argv,
-                    "environment_in_force": recorded_environment(server.environment),
-                    "server_info": read_server_info(base_url),
-                    "started_at": now_iso(),
-                    "host_lock": lock.record,
-                },
-            )
-            for quota in quotas:
-                if server.exit_code() is not None:
-                    reason = f"the row's server had exited (code {server.exit_code()})"
-                    cells.append(
-                        failed_cell(settings, variant_name, threads, quota, reason)
-                    )
-                    continue
-                cells.append(
-                    measure_cell(
-                        server,
-                        base_url,
-                        cell_arm(settings, variant_name, threads, quota),
-                        server_settings,
-                        variant,
-                        workload_manifest,
-                        cell_client,
-                        monitors,
-                        cells_dir / f"quota-{quota_label(quota)}",
-                    )
+        for server_round in block_plan(settings, seed, block):
+            cells += run_round(context, server_round, lock.record, first=len(cells))
+    return cells
+
+
+def run_round(
+    context: MapContext, server_round: ServerRound, lock_record: dict, first: int
+) -> list[dict]:
+    """One thread count: a fresh server per variant, side by side, then the round's
+    cells in their order; every server is stopped on the way out."""
+    threads = server_round.threads
+    with contextlib.ExitStack() as servers:
+        started: dict[str, tuple] = {}
+        why_not: dict[str, str] = {}
+        for variant_name in dict.fromkeys(v for v, _ in server_round.cells):
+            first_quota = next(q for v, q in server_round.cells if v == variant_name)
+            try:
+                server, base_url = start_row_server(
+                    context, variant_name, threads, first_quota, lock_record
                 )
-        finally:
-            server.stop()
-        return cells
+            except ArmFailed as failure:
+                # On failure it has stopped its server already.
+                why_not[variant_name] = (
+                    f"the cell's server never served: {str(failure).splitlines()[0]}"
+                )
+                continue
+            servers.callback(server.stop)
+            started[variant_name] = (server, base_url)
+        cells = []
+        for offset, (variant_name, quota) in enumerate(server_round.cells):
+            place = {"block": context.block, "position": first + offset}
+            if variant_name in why_not:
+                cells.append(
+                    failed_cell(
+                        context, variant_name, threads, quota, why_not[variant_name]
+                    )
+                    | place
+                )
+                continue
+            server, base_url = started[variant_name]
+            if server.exit_code() is not None:
+                reason = f"the cell's server had exited (code {server.exit_code()})"
+                cells.append(
+                    failed_cell(context, variant_name, threads, quota, reason) | place
+                )
+                continue
+            cells.append(
+                measure_cell(
+                    context,
+                    server,
+                    base_url,
+                    cell_arm(context.settings, variant_name, threads, quota),
+                )
+                | place
+            )
+    for cell in cells:
+        write_json(cell_directory(context, cell) / "metrics.json", cell)
+    return cells
 
 
-def measure_cell(
-    server,
-    base_url: str,
-    arm: Arm,
-    server_settings: ServerSettings,
-    variant: Variant,
-    workload_manifest: Path,
-    client: ClientSettings,
-    monitors: MonitorSettings,
-    cell_dir: Path,
-) -> dict:
+def server_directory(context: MapContext, variant_name: str, threads: int) -> Path:
+    return context.block_dir / f"{variant_name}-threads{threads}"
+
+
+def cell_directory(context: MapContext, cell: Mapping) -> Path:
+    server_dir = server_directory(
+        context, cell["variant"], int(cell["intra_op_threads"])
+    )
+    return server_dir / f"quota-{cell['cpu_quota']}"
+
+
+def start_row_server(
+    context: MapContext, variant_name: str, threads: int, quota, lock_record: dict
+):
+    """Start one variant's server with ``threads`` intra-op threads and record it."""
+    server_dir = server_directory(context, variant_name, threads)
+    server_dir.mkdir(parents=True, exist_ok=True)
+    server_paths = RunPaths.in_directory(server_dir)
+    server_paths.server_log.write_text("")
+    group_name = owned_name(
+        f"{context.experiment}-map{context.block}-{variant_name}-t{threads}"
+    )
+    server, base_url = start_healthy_server(
+        context.server_settings,
+        context.variants[variant_name],
+        cell_arm(context.settings, variant_name, threads, quota),
+        group_name,
+        server_paths,
+        context.client,
+        context.workload_manifest,
+    )
+    try:
+        write_json(
+            server_dir / "server.json",
+            {
+                "server_argv": server.argv,
+                "environment_in_force": recorded_environment(server.environment),
+                "server_info": read_server_info(base_url),
+                "started_at": now_iso(),
+                "host_lock": lock_record,
+            },
+        )
+    except BaseException:
+        server.stop()
+        raise
+    return server, base_url
+
+
+def measure_cell(context: MapContext, server, base_url: str, arm: Arm) -> dict:
     """Put the cell's quota in force on the live server, then one measured window."""
+    variant = context.variants[arm.variant]
+    cell_dir = (
+        server_directory(context, arm.variant, arm.intra_op_threads)
+        / f"quota-{quota_label(arm.cpu_quota)}"
+    )
     cell_dir.mkdir(parents=True, exist_ok=True)
     paths = RunPaths.in_directory(cell_dir)
     started = time.monotonic()
@@ -209,20 +307,24 @@ def measure_cell(
     server.apply_quota()
     try:
         server_info = read_server_info(base_url)
-        window, load_summary = measure(
+        window, _ = measure(
             base_url,
             server,
             arm,
-            server_settings,
-            workload_manifest,
-            client,
-            monitors,
+            context.server_settings,
+            context.workload_manifest,
+            context.client,
+            context.monitors,
             paths,
         )
         if server.exit_code() is not None:
             raise ArmFailed(f"server exited with code {server.exit_code()}")
-        identity = server_identity(server_settings, arm, variant, server_info, server)
-        checks = validity_checks(arm, client, server_info, window, server, identity)
+        identity = server_identity(
+            context.server_settings, arm, variant, server_info, server
+        )
+        checks = validity_checks(
+            arm, context.client, server_info, window, server, identity
+        )
         write_json(paths.monitors, window)
         metrics = summarize_run(paths.requests, paths.monitors, arm, checks, run=1)
     except (ArmFailed, OSError) as failure:
@@ -231,11 +333,12 @@ def measure_cell(
     metrics.update(
         intra_op_threads=arm.intra_op_threads,
         cpu_quota=quota_label(arm.cpu_quota),
+        started_at=now_iso(),
         wall_s=round(time.monotonic() - started, 3),
     )
-    write_json(paths.metrics, metrics)
     log.info(
-        "cell %s: valid=%s throughput=%s req/s",
+        "block %d cell %s: valid=%s throughput=%s req/s",
+        context.block,
         arm.name,
         metrics.get("valid"),
         metrics.get("throughput_rps"),
@@ -243,19 +346,23 @@ def measure_cell(
     return metrics
 
 
-def failed_cell(settings: Mapping, variant: str, threads: int, quota, reason: str):
-    arm = cell_arm(settings, variant, threads, quota)
+def failed_cell(context: MapContext, variant: str, threads: int, quota, reason: str):
+    arm = cell_arm(context.settings, variant, threads, quota)
     metrics = failed_run_metrics(arm, 1, reason)
     metrics.update(intra_op_threads=threads, cpu_quota=quota_label(quota))
+    cell_directory(context, metrics).mkdir(parents=True, exist_ok=True)
     return metrics
 
 
-def map_table(rows: list[list[dict]]) -> pd.DataFrame:
-    """One line per cell: the map's figures, invalid cells with their reason."""
+def map_table(blocks: list[list[dict]]) -> pd.DataFrame:
+    """One line per cell and block, in the order they ran: the map's figures,
+    invalid cells with their reason."""
     lines = []
-    for cells in rows:
+    for cells in blocks:
         for cell in cells:
             line = {
+                "block": int(cell["block"]),
+                "position": int(cell["position"]),
                 "variant": cell["variant"],
                 "intra_op_threads": int(cell["intra_op_threads"]),
                 "cpu_quota": str(cell["cpu_quota"]),

@@ -1,4 +1,4 @@
-"""Snakemake shim: one row of the thread x quota map on one fresh server."""
+"""Snakemake shim: one block of the thread x quota map, every cell once."""
 
 import json
 import logging
@@ -12,7 +12,7 @@ from serving_study.config.records import (
     ServerSettings,
     Variant,
 )
-from serving_study.studies.thread_quota_map import run_map_row
+from serving_study.studies.thread_quota_map import run_map_block
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(
@@ -21,18 +21,21 @@ logging.basicConfig(
     format="%(asctime)s %(levelname)s %(message)s",
 )
 
-cells = run_map_row(
+variants = [
+    Variant.from_identity(json.loads(Path(path).read_text()))
+    for path in snakemake.input.variants
+]
+cells = run_map_block(
     experiment=snakemake.wildcards.experiment,
     settings=dict(snakemake.params.settings),
-    threads=int(snakemake.wildcards.threads),
-    variant=Variant.from_identity(
-        json.loads(Path(snakemake.input.variant).read_text())
-    ),
+    seed=int(snakemake.params.seed),
+    block=int(snakemake.wildcards.block),
+    variants={variant.name: variant for variant in variants},
     workload_manifest=Path(snakemake.input.workload),
     server_settings=ServerSettings.from_config(snakemake.params.server),
     client=ClientSettings.from_config(snakemake.params.client),
     monitors=MonitorSettings.from_config(snakemake.params.monitors),
     sharing=HostSharing.from_config(snakemake.params.sharing),
-    cells_dir=Path(snakemake.output.cells),
+    block_dir=Path(snakemake.output.cells),
 )
-Path(snakemake.output.row).write_text(json.dumps(cells, indent=2, default=str) + "\n")
+Path(snakemake.output.block).write_text(json.dumps(cells, indent=2, default=str) + "\n")

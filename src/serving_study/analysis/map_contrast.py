@@ -1,0 +1,95 @@
+"""The thread x quota map's variant contrast, stated with its paired blocks.
+
+Each block of the map measures every cell once, and within a block both variants'
+cells of one thread count run side by side within seconds of each other. A
+contrast is therefore the median of per-block ratios (compared over baseline, the
+same thread count and quota, the same block), never a ratio of medians taken at
+different times; the blocks on each side of 1 say how firm it is.
+"""
+
+import pandas as pd
+
+CONTRAST_COLUMNS = (
+    "intra_op_threads",
+    "cpu_quota",
+    "baseline",
+    "compared",
+    "baseline_rps",
+    "compared_rps",
+    "ratio",
+    "paired_blocks",
+    "blocks_below_1",
+    "blocks_above_1",
+    "block_ratios",
+)
+
+
+def quota_order(quotas) -> list[str]:
+    """Quotas from the smallest to none (no quota)."""
+    numbers = sorted({q for q in quotas if q != "none"}, key=float)
+    return numbers + (["none"] if "none" in set(quotas) else [])
+
+
+def cell_medians(cells: pd.DataFrame) -> pd.DataFrame:
+    """Each (variant, threads, quota) cell's median throughput over its valid
+    blocks (cells without a valid block are left out)."""
+    valid = cells[cells["valid"].astype(bool)]
+    return (
+        valid.groupby(["variant", "intra_op_threads", "cpu_quota"], sort=False)[
+            "throughput_rps"
+        ]
+        .median()
+        .reset_index()
+    )
+
+
+def map_contrast(cells: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
+    """Every other variant against the first, per (threads, quota), paired within
+    blocks. A block counts only where both cells of the pair are valid."""
+    cells = cells.assign(cpu_quota=cells["cpu_quota"].astype(str))
+    valid = cells[cells["valid"].astype(bool)]
+    by_block = valid.pivot_table(
+        index=["intra_op_threads", "cpu_quota", "block"],
+        columns="variant",
+        values="throughput_rps",
+    )
+    medians = cell_medians(cells).set_index(
+        ["variant", "intra_op_threads", "cpu_quota"]
+    )["throughput_rps"]
+    baseline, *others = variants
+    quotas = quota_order(cells["cpu_quota"])
+    lines = []
+    for compared in others:
+        for threads in sorted({int(t) for t in cells["intra_op_threads"]}):
+            for quota in quotas:
+                ratios = paired_ratios(by_block, threads, quota, baseline, compared)
+                lines.append(
+                    {
+                        "intra_op_threads": threads,
+                        "cpu_quota": quota,
+                        "baseline": baseline,
+                        "compared": compared,
+                        "baseline_rps": medians.get((baseline, threads, quota)),
+                        "compared_rps": medians.get((compared, threads, quota)),
+                        "ratio": ratios.median() if len(ratios) else None,
+                        "paired_blocks": len(ratios),
+                        "blocks_below_1": int((ratios < 1).sum()),
+                        "blocks_above_1": int((ratios > 1).sum()),
+                        "block_ratios": ";".join(f"{r:.3f}" for r in ratios),
+                    }
+                )
+    return pd.DataFrame(lines, columns=list(CONTRAST_COLUMNS))
+
+
+def paired_ratios(
+    by_block: pd.DataFrame, threads: int, quota: str, baseline: str, compared: str
+) -> pd.Series:
+    """compared / baseline in each block where both were measured validly."""
+    if baseline not in by_block or compared not in by_block:
+        return pd.Series(dtype=float)
+    try:
+        pairs = by_block.loc[(threads, quota)]
+    except KeyError:
+        return pd.Series(dtype=float)
+    ratios = (pairs[compared] / pairs[baseline]).dropna()
+    return ratios.sort_index().reset_index(drop=True)
