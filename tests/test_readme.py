@@ -84,20 +84,128 @@ def test_the_readme_names_its_stand_ins():
 GPU_HOST = ROOT / "docs" / "results" / "gpu-host"
 
 
-def test_gpu_host_figures_match_the_committed_tables():
-    """docs/gpu-hosts.md's figures are the medians in docs/results/gpu-host."""
+def gpu_host_tables():
     import pandas as pd
 
     arms = pd.read_csv(GPU_HOST / "tables" / "arms.csv")
-    medians = arms[arms["metric"] == "throughput_rps"].set_index("arm")["median"]
-    text = section(DOCS / "gpu-hosts.md", "## The embedded engine on a GPU host")
-    rows = [line.split("|") for line in text.splitlines() if line.startswith("| ")]
-    shown = {row[1].strip(): float(row[3]) for row in rows[1:]}
+    claims = pd.read_csv(GPU_HOST / "tables" / "claims.csv").set_index("claim")
+    return arms, claims
+
+
+def medians(arms, metric: str):
+    return arms[arms["metric"] == metric].set_index("arm")
+
+
+def paired_count(detail: str) -> str:
+    """ "k of n" from a claim's detail ("...; 1 of 5 paired runs meet it; ...")."""
+    return re.search(r"(\d+ of \d+) paired runs", detail).group(1)
+
+
+def ratio_claim_line(claims, claim: str) -> str:
+    """How a ratio claim is stated beside its figure: value, bound, verdict, blocks."""
+    row = claims.loc[claim]
+    numerator, denominator = row["arms"].split(", ")
+    return (
+        f'{numerator}/{denominator} = {row["value"]:.3f}x against "{row["bound"]}": '
+        f"**{row['verdict']}** ({paired_count(row['detail'])} blocks"
+    )
+
+
+def test_gpu_host_figures_match_the_committed_tables():
+    """docs/gpu-hosts.md's figures and verdicts are those in docs/results/gpu-host."""
+    arms, claims = gpu_host_tables()
+    throughput = medians(arms, "throughput_rps")["median"]
+    text = flat(section(DOCS / "gpu-hosts.md", "## The embedded engine on a GPU host"))
+    rows = markdown_rows(
+        section(DOCS / "gpu-hosts.md", "## The embedded engine on a GPU host")
+    )
+    shown = {row[0]: row for row in rows}
     assert set(shown) == {"A", "B", "C", "D", "E"}
-    for arm, value in shown.items():
-        assert value == round(medians[arm], 1), arm
-    ratio = medians["A"] / medians["C"]
-    assert f"A/C = {ratio:.2f}" in text
+    for arm, (_, _, rps, ttft, main, throttled) in shown.items():
+        assert float(rps) == round(throughput[arm], 1), arm
+        assert ttft == f"{medians(arms, 'ttft_p50_ms').loc[arm, 'median']:.0f} ms"
+        assert main == f"{medians(arms, 'main_cpu_percent').loc[arm, 'median']:.0f}%"
+        share = medians(arms, "throttled_share").loc[arm, "median"]
+        assert throttled == f"{100 * share:.0f}%", arm
+    for claim in (
+        "fan-out-halves-throughput",
+        "patch-recovers-throughput",
+        "thread-cap-recovers-throughput",
+        "passive-wait-recovers-throughput",
+        "no-spin-recovers-throughput",
+    ):
+        assert ratio_claim_line(claims, claim) in text, claim
+    cost = claims.loc["original-costs-cpu-without-quota"]
+    assert (
+        f'= {cost["value"]:.3f}x against "{cost["bound"]}": **{cost["verdict"]}**'
+        in text
+    )
+    same = claims.loc["same-throughput-without-quota"]
+    assert f"(spread {100 * same['value']:.1f}%)" in text
+
+
+def test_the_gpu_host_results_page_matches_the_committed_tables():
+    """Every row of the results page's two tables is the workflow's own figure."""
+    arms, claims = gpu_host_tables()
+    page = GPU_HOST / "README.md"
+    throughput = medians(arms, "throughput_rps")
+    rows = markdown_rows(
+        section(page, "## The 2x2, cuda_ipc and every fix at the study's ratio")
+    )
+    assert {row[0] for row in rows} == set(throughput.index)
+    for arm, _, rps, ttft, main, per_request, throttled in rows:
+        figures = throughput.loc[arm]
+        assert rps == (
+            f"{figures['median']:.1f} [{figures['min']:.1f}-{figures['max']:.1f}]"
+        ), arm
+        assert ttft == f"{medians(arms, 'ttft_p50_ms').loc[arm, 'median']:.0f} ms"
+        assert main == f"{medians(arms, 'main_cpu_percent').loc[arm, 'median']:.0f}%"
+        cost = medians(arms, "main_cpu_ms_per_request").loc[arm, "median"]
+        assert per_request == f"{cost:.1f} ms", arm
+        share = medians(arms, "throttled_share").loc[arm, "median"]
+        assert throttled == ("–" if share != share else f"{100 * share:.0f}%"), arm
+    verdicts = markdown_rows(
+        section(page, "## Verdicts (bounds stated in the config before the run)")
+    )
+    assert len(verdicts) == len(claims)
+    for name_and_arms, bound, value, meeting, verdict in verdicts:
+        claim = claims.loc[name_and_arms.split(" (")[0]]
+        assert (bound, verdict) == (claim["bound"], claim["verdict"]), name_and_arms
+        if claim["kind"] == "ratio":
+            assert value == f"{claim['value']:.3f}x", name_and_arms
+            assert meeting == paired_count(claim["detail"]), name_and_arms
+        else:
+            assert value == f"spread {100 * claim['value']:.1f}%", name_and_arms
+    text = flat(page.read_text())
+    free = throughput["median"]
+    spread = 100 * claims.loc["same-throughput-without-quota", "value"]
+    both = f"{free['A-free']:.1f} and {free['C-free']:.1f} req/s"
+    assert f"A-free and C-free serve the same ({both}, within {spread:.1f}%)" in text
+    assert f"(A/C {claims.loc['fan-out-halves-throughput', 'value']:.3f}" in text
+
+
+def test_the_readme_gpu_host_headline_matches_the_committed_tables():
+    arms, claims = gpu_host_tables()
+    throughput = medians(arms, "throughput_rps")["median"]
+    text = flat(section(README, "## On a GPU host"))
+    assert (
+        f"A {throughput['A']:.1f} req/s, B {throughput['B']:.1f}, "
+        f"C {throughput['C']:.1f}, E (cuda_ipc) {throughput['E']:.1f}"
+    ) in text
+    for claims_on_a_line in (
+        ["fan-out-halves-throughput"],
+        ["patch-recovers-throughput", "thread-cap-recovers-throughput"],
+        ["passive-wait-recovers-throughput", "no-spin-recovers-throughput"],
+        ["original-costs-cpu-without-quota"],
+    ):
+        rows = [claims.loc[claim] for claim in claims_on_a_line]
+        line = next(
+            line for line in text.split("- ") if f"= {rows[0]['value']:.3f}x" in line
+        )
+        for row in rows:
+            assert f"{row['value']:.3f}x" in line
+            assert f'against "{row["bound"]}": **{row["verdict"]}**' in line
+            assert paired_count(row["detail"]).split(" of ")[0] in line
 
 
 SGLANG_CPU = ROOT / "docs" / "results" / "sglang-cpu"
