@@ -14,8 +14,9 @@
 # as docs/results/gpu-host/README.md says: .device/wheels (snakemake and its needs for
 # the host's Python 3.12), .device/report-wheels (vl-convert, for the report page) and
 # .device/downloads (the SGLang 0.5.23 wheel for it). Together they exceed what one
-# call to the host may carry, so each may come in a call of its own: whatever is
-# there is installed or staged once, and kept while the host stays up.
+# call to the host may carry, so each may come in a call of its own (the SGLang
+# wheel itself in parts, one a call): whatever is there is installed or staged once,
+# and kept while the host stays up.
 set -uo pipefail
 out=$1
 mode=$2
@@ -33,11 +34,28 @@ fi
 if [ -d .device/report-wheels ] && [ ! -d /tmp/site/vl_convert ]; then
     install_wheels .device/report-wheels || exit 1
 fi
-if [ -d .device/downloads ]; then
-    mkdir -p resources/downloads .pytest_cache/d/sglang-wheels
-    cp -n .device/downloads/*.whl resources/downloads/
-    cp -n .device/downloads/*.whl .pytest_cache/d/sglang-wheels/
-fi
+# A wheel too large for one call travels in parts, NAME.part-I-of-N (split -n N),
+# each in a folder .device/downloads-I of its own, kept under
+# resources/download-parts/ and joined once all N have come.
+mkdir -p resources/downloads resources/download-parts .pytest_cache/d/sglang-wheels
+for carried in .device/downloads*/; do
+    [ -d "$carried" ] || continue
+    cp -n "$carried"*.whl resources/downloads/ 2>/dev/null
+    cp -n "$carried"*.part-* resources/download-parts/ 2>/dev/null
+done
+for first in resources/download-parts/*.part-1-of-*; do
+    [ -e "$first" ] || break
+    name=${first%.part-1-of-*}
+    total=${first##*-of-}
+    wheel=resources/downloads/$(basename "$name")
+    [ -e "$wheel" ] && continue
+    parts=("$name".part-*-of-"$total")
+    [ "${#parts[@]}" = "$total" ] || continue
+    for part in $(seq 1 "$total"); do
+        cat "$name.part-$part-of-$total"
+    done >"$wheel.partial" && mv "$wheel.partial" "$wheel"
+done
+cp -n resources/downloads/*.whl .pytest_cache/d/sglang-wheels/ 2>/dev/null
 
 case "$mode" in
 stage)
