@@ -37,5 +37,6 @@ if config.get("bisect"):
             sharing=HOST_SHARING.as_config(),
             criterion=config["change_criterion"],
             sources_dir="resources/commits",
+            seed=config["seed"],
         script:
             "../scripts/commit_bisect.py"

@@ -31,6 +31,7 @@ from serving_study.studies.commit_bisect import (
     GOOD,
     INCONCLUSIVE,
     Measurement,
+    block_order,
     search,
 )
 from serving_study.studies.commit_history import BisectError, first_parent_commits
@@ -158,7 +159,7 @@ SLOW = Spread(10.0, 9.5, 10.5, 3)
 def measurements(spreads: dict[str, Spread]):
     measured = []
 
-    def measure(commit: str, role: str) -> Measurement:
+    def measure(commit: str, role: str, block: int) -> Measurement:
         measured.append((commit, role))
         return Measurement(spreads[commit], {"note": f"measured {commit}"})
 
@@ -180,14 +181,53 @@ def test_search_finds_the_commit_wherever_it_is(switch_at):
     assert result["first_bad_commit"] == f"c{switch_at}"
     assert result["last_good_commit"] == f"c{switch_at - 1}"
     assert measured[:2] == [("c0", "good end"), ("c8", "bad end")]
-    assert len(measured) <= 2 + math.ceil(math.log2(len(commits) - 1))
+    steps = math.ceil(math.log2(len(commits) - 1))
+    assert len(measured) <= 2 + 3 * steps
     probes = result["probes"]
     assert [probe["commit"] for probe in probes] == [commit for commit, _ in measured]
-    for probe in probes[2:]:
+    # Every probe ran in a block beside fresh runs of both ends.
+    for block in range(1, max(p["block"] for p in probes) + 1):
+        roles = sorted(p["role"] for p in probes if p["block"] == block)
+        assert roles == ["bad end", "good end", "probe"]
+    for probe in (p for p in probes if p["role"] == "probe"):
         index = int(probe["commit"][1:])
         assert probe["side"] == (GOOD if index < switch_at else BAD)
         assert probe["note"] == f"measured {probe['commit']}"
         assert probe["against_good"]["verdict"] and probe["against_bad"]["verdict"]
+    # One comparison of the ends, then three per block; each may fall apart by
+    # chance in 10% of cases with 3 runs against 3, and the bound sums them.
+    blocks = max(p["block"] for p in probes)
+    assert result["comparisons"] == 1 + 3 * blocks
+    assert result["false_alarm_bound"] == pytest.approx(min(1, 0.1 * (1 + 3 * blocks)))
+
+
+def test_each_probe_is_judged_against_the_ends_of_its_own_block():
+    """A host that slows by 40% from block to block: against the ends measured
+    first, a fast commit in block 2 would look slower than the slow end. Beside
+    the ends of its own block it is plainly like the good one."""
+    commits = [f"c{index}" for index in range(9)]
+    switch_at = 3
+    blocks_seen = []
+
+    def measure(commit: str, role: str, block: int) -> Measurement:
+        blocks_seen.append(block)
+        base = FAST if int(commit[1:]) < switch_at else SLOW
+        drift = 0.6**block
+        return Measurement(
+            Spread(base.median * drift, base.low * drift, base.high * drift, base.runs)
+        )
+
+    result = search(commits, measure, ChangeCriterion())
+    assert result["status"] == FOUND
+    assert result["first_bad_commit"] == "c3"
+    assert max(blocks_seen) >= 2
+
+
+def test_block_orders_are_seeded_and_shuffled():
+    orders = [tuple(block_order(7, block)) for block in range(1, 9)]
+    assert all(sorted(order) == sorted([GOOD, "probe", BAD]) for order in orders)
+    assert len(set(orders)) > 1
+    assert orders == [tuple(block_order(7, block)) for block in range(1, 9)]
 
 
 def test_ends_that_do_not_differ_stop_the_search():
@@ -199,6 +239,7 @@ def test_ends_that_do_not_differ_stop_the_search():
     assert result["status"] == ENDS_ALIKE
     assert result["first_bad_commit"] is None
     assert [commit for commit, _ in measured] == ["c0", "c2"]
+    assert result["comparisons"] == 1
 
 
 def test_a_probe_without_enough_valid_runs_leaves_the_range_open():
@@ -210,18 +251,27 @@ def test_a_probe_without_enough_valid_runs_leaves_the_range_open():
     assert result["status"] == INCONCLUSIVE
     assert result["first_bad_commit"] is None
     assert "between c0 and c4" in result["reason"]
-    assert result["probes"][-1]["side"] is None
+    probe = next(p for p in result["probes"] if p["role"] == "probe")
+    assert probe["side"] is None
 
 
-def test_a_probe_between_the_ends_goes_to_the_nearer_one_and_says_so():
+@pytest.mark.parametrize(
+    ("probe", "why"),
+    [
+        (Spread(12.0, 11.8, 12.2, 3), "unlike both ends: undecided"),
+        (Spread(15.0, 9.0, 21.0, 3), "like both ends: undecided"),
+    ],
+)
+def test_a_probe_that_matches_neither_end_or_both_is_undecided(probe, why):
     commits = ["c0", "c1", "c2"]
-    between = Spread(12.0, 11.8, 12.2, 3)  # unlike both ends, nearer the slow one
-    measure, _ = measurements({"c0": FAST, "c1": between, "c2": SLOW})
+    measure, _ = measurements({"c0": FAST, "c1": probe, "c2": SLOW})
     result = search(commits, measure, ChangeCriterion())
-    assert result["first_bad_commit"] == "c1"
-    assert result["probes"][-1]["reason"] == (
-        "unlike both by the criterion; its median is nearer the bad end"
-    )
+    assert result["status"] == INCONCLUSIVE
+    assert result["first_bad_commit"] is None
+    probe_record = next(p for p in result["probes"] if p["role"] == "probe")
+    assert probe_record["side"] is None
+    assert probe_record["reason"] == why
+    assert "c1 is undecided" in result["reason"]
 
 
 # --- config ------------------------------------------------------------------------
@@ -283,7 +333,8 @@ def test_dry_run_of_the_bisect_schedules_one_job_and_no_arm(tmp_path):
 def test_real_bisect_finds_the_commit_that_switched_to_torch_copy(
     tmp_path, sglang_0_5_23
 ):
-    """Four commits (two ends, two probes), three runs each, a few minutes.
+    """Two probes, each in a block beside both ends: eight measurements of three
+    runs each, several minutes.
 
     The difference between the copies is made large and steady on purpose:
     OMP_WAIT_POLICY=ACTIVE keeps torch's OpenMP workers spinning after the
@@ -358,7 +409,7 @@ def test_real_bisect_finds_the_commit_that_switched_to_torch_copy(
         ),
         capture_output=True,
         text=True,
-        timeout=600,
+        timeout=1500,
     )
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
 
@@ -368,9 +419,16 @@ def test_real_bisect_finds_the_commit_that_switched_to_torch_copy(
     assert result["first_bad_commit"] == shas[2], summary
     assert result["good"]["commit"] == shas[0]
     assert [probe["commit"] for probe in result["probes"]][:2] == [shas[0], shas[-1]]
-    assert len(result["probes"]) == 4
+    # The ends, then two blocks of a probe beside both ends.
+    assert len(result["probes"]) == 8
+    assert result["comparisons"] == 7
     for probe in result["probes"]:
-        probe_dir = workdir / "results/bisect-test/bisect" / probe["commit"][:12]
+        probe_dir = (
+            workdir
+            / "results/bisect-test/bisect"
+            / probe["commit"][:12]
+            / f"block{probe['block']}"
+        )
         throughputs = []
         for run in ("run1", "run2", "run3"):
             metrics = json.loads((probe_dir / run / "metrics.json").read_text())

@@ -30,6 +30,7 @@ from serving_study.analysis.release_change import (
     false_alarm_chance,
     first_change,
     release_labels,
+    series_false_alarm_bound,
 )
 from serving_study.config.validation import ConfigError, check_config
 from serving_study.engine.shm_loader import load_variant_transport
@@ -166,9 +167,12 @@ def test_releases_table_marks_the_first_change_of_each_figure():
         throughput["block_ratios"].tolist()[2] == "run1 0.754; run2 0.787; run3 0.791"
     )
     sentence = describe_first_change(releases, "throughput_rps")
+    # Three comparisons of 3 runs against 3, each apart by chance in 10%.
     assert sentence == (
         "throughput first changed in 0.5.11: 0.775x the median of 0.5.10, ranges "
-        "[6.35, 6.5] then [4.9, 5.1] apart."
+        "[6.35, 6.5] then [4.9, 5.1] apart. Over the series' 3 comparisons, "
+        "releases that all perform alike would show a change somewhere by chance "
+        "in at most 30% of series."
     )
 
 
@@ -180,6 +184,11 @@ def test_a_release_without_valid_runs_is_skipped_not_compared():
     # 0.5.11 is compared with the last release that was measured.
     assert throughput.loc["0.5.11", "compared_with"] == "0.5.9"
     assert throughput.loc["0.5.11", "first_change"]
+    # A release that could not be compared adds no chance of a false alarm.
+    assert series_false_alarm_bound(releases, "throughput_rps") == (
+        2,
+        pytest.approx(0.2),
+    )
 
 
 def test_no_change_anywhere_says_so():
@@ -187,7 +196,9 @@ def test_no_change_anywhere_says_so():
     tables, _ = series_tables(alike)
     assert first_change(tables["releases"], "throughput_rps") is None
     assert describe_first_change(tables["releases"], "throughput_rps") == (
-        "No release changed throughput beyond the run-to-run spread."
+        "No release changed throughput beyond the run-to-run spread. Over the "
+        "series' 2 comparisons, releases that all perform alike would show a change "
+        "somewhere by chance in at most 20% of series."
     )
 
 

@@ -19,7 +19,10 @@ shows beside every median, so a reader can check a verdict by eye. It assumes no
 distribution: if two versions really perform alike, their n and m runs are
 exchangeable, and the chance that the ranges still fall apart is exactly
 ``2 * n! * m! / (n + m)!``: 10% for 3 runs against 3, 2.9% for 4 against 4,
-0.8% for 5 against 5 (``false_alarm_chance``), and the report states it. The
+0.8% for 5 against 5 (``false_alarm_chance``), and the report states it. A
+series of k releases makes k - 1 such comparisons, so its "first change" can be
+a false alarm in up to the sum of their chances (``series_false_alarm_bound``),
+which the report states beside it. The
 alternative, a ratio of medians beyond the larger of the two relative spreads,
 has no such number: how often it fires by chance depends on the shape of the
 runs' distribution, which three runs cannot tell. Rule 2 is a floor for
@@ -309,10 +312,34 @@ def first_change(releases: pd.DataFrame, metric: str) -> dict | None:
     return rows.iloc[0].to_dict() if len(rows) else None
 
 
+def series_false_alarm_bound(releases: pd.DataFrame, metric: str) -> tuple[int, float]:
+    """The comparisons the series made of ``metric``, and at most how often any of
+    them would fall apart by chance alone in a series where no release changed: the
+    sum of each comparison's own chance (its two releases' valid runs), capped at 1.
+    A "first change" is wrong at most that often, not at one comparison's rate."""
+    rows = releases[releases["metric"] == metric]
+    runs_of = dict(zip(rows["release"], rows["runs"], strict=True))
+    compared = rows[rows["verdict"].isin([CHANGED, NO_CHANGE])]
+    chances = [
+        false_alarm_chance(int(runs_of[row["compared_with"]]), int(row["runs"]))
+        for row in compared.to_dict("records")
+    ]
+    return len(chances), min(1.0, sum(chances))
+
+
 def describe_first_change(releases: pd.DataFrame, metric: str) -> str:
-    """One sentence for the report: where ``metric`` first changed, if anywhere."""
+    """One sentence for the report: where ``metric`` first changed, if anywhere,
+    and how often the series' comparisons together would find a change by chance."""
     label = METRICS[metric].label
     row = first_change(releases, metric)
+    comparisons, bound = series_false_alarm_bound(releases, metric)
+    error_rate = (
+        f" Over the series' {comparisons} comparison{'s' if comparisons != 1 else ''},"
+        f" releases that all perform alike would show a change somewhere by chance "
+        f"in at most {bound:.0%} of series."
+        if comparisons
+        else ""
+    )
     if row is None:
         compared = releases[
             (releases["metric"] == metric) & releases["verdict"].notna()
@@ -323,10 +350,13 @@ def describe_first_change(releases: pd.DataFrame, metric: str) -> str:
             if untold
             else ""
         )
-        return f"No release changed {label} beyond the run-to-run spread{untold_text}."
+        return (
+            f"No release changed {label} beyond the run-to-run spread{untold_text}."
+            f"{error_rate}"
+        )
     return (
         f"{label} first changed in {row['release']}: {row['ratio']:.3g}x the "
-        f"median of {row['compared_with']}, {row['detail']}."
+        f"median of {row['compared_with']}, {row['detail']}.{error_rate}"
     )
 
 

@@ -8,19 +8,23 @@ record), lays it out as an unpatched variant, and measures it with
 measured first; they must differ by the change criterion (release_change.py),
 or there is nothing to find.
 
-A probe is then compared with both ends by the same criterion:
+Each probe runs in a block with fresh runs of both ends, in a seeded shuffled
+order, and is compared with the ends of its own block by the same criterion, so
+drift of the host between probes cannot move a probe to the wrong side:
 
 - like good and unlike bad: the change came later, the probe is good;
 - unlike good and like bad: the change came at or before it, the probe is bad;
-- like both or unlike both (it lies between them): the nearer end by the ratio
-  of medians decides, and the probe's record says so;
-- too few valid runs on any side: the search stops and reports the commits it
-  could not narrow down.
+- like both, unlike both, ends of its block that do not differ, or too few valid
+  runs anywhere: the probe is undecided, the search stops, and the result names
+  the commits it could not narrow down.
 
-It ends when the good and bad probes are neighbours: the bad one is the first
-commit that changed the figure. Every probe is recorded (commit, its runs' spread,
-both comparisons, which side it fell on and why) in the result, which the Snakemake
-rule writes as ``results/<experiment>/bisect.json``.
+It ends when a good and a bad probe are neighbours: the bad one is the first
+commit that changed the figure, and "found" means that each neighbour met the
+criterion on its own side. Every measurement is recorded (commit, role, block,
+its runs' spread, both comparisons, which side it fell on and why) in the result,
+with how many comparisons were made and a bound on the chance that any of them
+fell apart by chance alone. The Snakemake rule writes it as
+``results/<experiment>/bisect.json``.
 
 With first-parent history a change that arrived in a merge is found as that merge
 commit (SGLang squash-merges its pull requests, so there each commit is one).
@@ -31,6 +35,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
@@ -107,51 +112,62 @@ class Measurement:
 def classify(
     probe: Spread, good: Spread, bad: Spread, criterion: ChangeCriterion
 ) -> tuple[str | None, Comparison, Comparison, str]:
-    """Which end a probe is like: (side or None, vs good, vs bad, why)."""
+    """Which end a probe is like, against the ends measured in its block:
+    (side, or None when undecided; vs good; vs bad; why)."""
     against_good = compare(good, probe, criterion)
     against_bad = compare(bad, probe, criterion)
     if CANNOT_TELL in (against_good.verdict, against_bad.verdict):
         return None, against_good, against_bad, "too few valid runs to compare"
+    if not compare(good, bad, criterion).changed:
+        return None, against_good, against_bad, "the ends of its block do not differ"
     if against_good.changed and not against_bad.changed:
         return BAD, against_good, against_bad, "unlike good, like bad"
     if against_bad.changed and not against_good.changed:
         return GOOD, against_good, against_bad, "like good, unlike bad"
-    distance_to_good = abs(math.log(against_good.ratio))
-    distance_to_bad = abs(math.log(against_bad.ratio))
-    side = GOOD if distance_to_good < distance_to_bad else BAD
-    how = "unlike both" if against_good.changed else "like both"
-    return (
-        side,
-        against_good,
-        against_bad,
-        f"{how} by the criterion; its median is nearer the {side} end",
-    )
+    how = "unlike both ends" if against_good.changed else "like both ends"
+    return None, against_good, against_bad, f"{how}: undecided"
+
+
+def block_order(seed: int, block: int) -> list[str]:
+    """The order of the good end, the probe and the bad end in one block."""
+    roles = [GOOD, "probe", BAD]
+    random.Random(f"{seed}-bisect-block-{block}").shuffle(roles)
+    return roles
 
 
 def search(
     commits: Sequence[str],
-    measure: Callable[[str, str], Measurement],
+    measure: Callable[[str, str, int], Measurement],
     criterion: ChangeCriterion,
+    seed: int = 0,
 ) -> dict:
     """Bisect ``commits`` (oldest, the good end, first; the bad end last).
 
-    ``measure(commit, role)`` runs one commit and returns its Measurement. Returns
-    the result: status, the first bad commit when found, and every probe.
+    ``measure(commit, role, block)`` runs one commit and returns its Measurement.
+    Returns
+    the result: status, the first bad commit when found, and every measurement.
     """
     if len(commits) < 2:
         raise BisectError("a bisect needs two different commits, good and bad")
     probes: list[Probe] = []
+    comparisons = 0
 
-    def measured(commit: str, role: str) -> Spread:
-        measurement = measure(commit, role)
+    def measured(commit: str, role: str, block: int) -> Spread:
+        measurement = measure(commit, role, block)
         probes.append(
-            Probe(commit, role, measurement.spread, details=measurement.details)
+            Probe(
+                commit,
+                role,
+                measurement.spread,
+                details={**measurement.details, "block": block},
+            )
         )
         return measurement.spread
 
-    good = measured(commits[0], "good end")
-    bad = measured(commits[-1], "bad end")
+    good = measured(commits[0], "good end", 0)
+    bad = measured(commits[-1], "bad end", 0)
     ends = compare(good, bad, criterion)
+    comparisons += 1
     result = {
         "criterion": {
             "metric": criterion.metric,
@@ -171,17 +187,29 @@ def search(
             "reason": f"good and bad: {ends.verdict} ({ends.detail})",
             "last_good_commit": None,
             "first_bad_commit": None,
+            **error_rate(comparisons, criterion),
             "probes": [probe.as_dict() for probe in probes],
         }
 
     low, high = 0, len(commits) - 1
     status, reason = FOUND, ""
+    block = 0
     while high - low > 1:
+        block += 1
         middle = (low + high) // 2
-        spread = measured(commits[middle], "probe")
-        side, against_good, against_bad, why = classify(spread, good, bad, criterion)
-        probes[-1] = replace(
-            probes[-1],
+        spreads = {}
+        for role in block_order(seed, block):
+            commit = {GOOD: commits[0], BAD: commits[-1]}.get(role, commits[middle])
+            label = {GOOD: "good end", BAD: "bad end"}.get(role, "probe")
+            spreads[role] = measured(commit, label, block)
+            if role == "probe":
+                probe_index = len(probes) - 1
+        side, against_good, against_bad, why = classify(
+            spreads["probe"], spreads[GOOD], spreads[BAD], criterion
+        )
+        comparisons += 3
+        probes[probe_index] = replace(
+            probes[probe_index],
             side=side,
             against_good=against_good,
             against_bad=against_bad,
@@ -195,14 +223,15 @@ def search(
         else:
             status = INCONCLUSIVE
             reason = (
-                f"commit {commits[middle]} could not be placed ({why}); the change "
+                f"commit {commits[middle]} is undecided ({why}); the change "
                 f"lies between {commits[low]} and {commits[high]}"
             )
             break
     if status == FOUND:
         reason = (
             f"{commits[high]} is the first commit whose {criterion.metric} is like "
-            f"the bad end's; {commits[low]} before it is like the good end's"
+            f"the bad end's and unlike the good end's; {commits[low]} before it is "
+            "like the good end's and unlike the bad end's"
         )
     return {
         **result,
@@ -210,7 +239,20 @@ def search(
         "reason": reason,
         "last_good_commit": commits[low],
         "first_bad_commit": commits[high] if status == FOUND else None,
+        **error_rate(comparisons, criterion),
         "probes": [probe.as_dict() for probe in probes],
+    }
+
+
+def error_rate(comparisons: int, criterion: ChangeCriterion) -> dict:
+    """How many comparisons the search made, and at most how often any of them
+    would fall apart by chance alone had nothing changed (the sum of each one's
+    chance: the criterion's ranges, ``min_valid_runs`` against as many)."""
+    runs = criterion.min_valid_runs
+    each = false_alarm_chance(runs, runs)
+    return {
+        "comparisons": comparisons,
+        "false_alarm_bound": min(1.0, comparisons * each),
     }
 
 
@@ -233,13 +275,17 @@ class ProbeSettings:
     criterion: ChangeCriterion
     sources_dir: Path
     probes_dir: Path
+    seed: int = 0
 
 
-def measure_commit(commit: str, role: str, settings: ProbeSettings) -> Measurement:
-    """Fetch ``commit``, build its variant, run the arm ``runs`` times."""
+def commit_variant(commit: str, settings: ProbeSettings) -> Variant:
+    """Fetch ``commit`` and lay it out as an unpatched variant, once per commit."""
     name = f"commit-{commit[:12]}"
-    probe_dir = settings.probes_dir / commit[:12]
-    probe_dir.mkdir(parents=True, exist_ok=True)
+    commit_dir = settings.probes_dir / commit[:12]
+    identity_file = commit_dir / "variant.json"
+    if identity_file.is_file():
+        return Variant.from_identity(json.loads(identity_file.read_text()))
+    commit_dir.mkdir(parents=True, exist_ok=True)
     record = {"name": name, "git": {"url": settings.repository, "commit": commit}}
     # Absolute: fetch_source runs git in a directory of its own.
     source_tree = settings.sources_dir.resolve() / commit
@@ -249,11 +295,22 @@ def measure_commit(commit: str, role: str, settings: ProbeSettings) -> Measureme
         source_tree=source_tree,
         source_identity=source_identity,
         patch_path=None,
-        dest=probe_dir / "variant",
+        dest=commit_dir / "variant",
     )
-    (probe_dir / "variant.json").write_text(json.dumps(identity, indent=2) + "\n")
-    variant = Variant.from_identity(identity)
-    details = {"variant": str(probe_dir / "variant.json"), "runs_dir": str(probe_dir)}
+    identity_file.write_text(json.dumps(identity, indent=2) + "\n")
+    return Variant.from_identity(identity)
+
+
+def measure_commit(
+    commit: str, role: str, block: int, settings: ProbeSettings
+) -> Measurement:
+    """Run the arm ``runs`` times on ``commit``'s variant, within ``block``."""
+    name = f"commit-{commit[:12]}"
+    variant = commit_variant(commit, settings)
+    probe_dir = settings.probes_dir / commit[:12] / f"block{block}"
+    probe_dir.mkdir(parents=True, exist_ok=True)
+    variant_file = settings.probes_dir / commit[:12] / "variant.json"
+    details = {"variant": str(variant_file), "runs_dir": str(probe_dir)}
     try:
         load_variant_transport(Path(variant.sglang_python_root))
     except VariantSourceError as error:
@@ -304,16 +361,17 @@ def run_commit_bisect(good: str, bad: str, settings: ProbeSettings) -> dict:
     started = datetime.now(UTC).isoformat(timespec="seconds")
     commits = first_parent_commits(settings.repository, good, bad)
     log.info(
-        "bisect %s..%s: %d commits, about %d probes",
+        "bisect %s..%s: %d commits, about %d probes, each beside both ends",
         commits[0],
         commits[-1],
         len(commits),
-        math.ceil(math.log2(max(len(commits) - 1, 1))) + 2,
+        math.ceil(math.log2(max(len(commits) - 1, 1))),
     )
     result = search(
         commits,
-        lambda commit, role: measure_commit(commit, role, settings),
+        lambda commit, role, block: measure_commit(commit, role, block, settings),
         settings.criterion,
+        seed=settings.seed,
     )
     return {
         "experiment": settings.experiment,
