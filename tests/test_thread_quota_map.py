@@ -243,14 +243,13 @@ def test_a_real_map_runs_in_blocks_with_both_variants_side_by_side(tmp_path):
             assert measured["valid"], measured["invalid_reasons"]
             # Three threads on a host of two CPUs: only set_num_threads can do that.
             assert measured["torch_threads"] == 3
+            # The quota in force, read back from the cgroup's own files right after
+            # the cell's window: the live change reached the kernel, both ways.
             quota = measured["checks"]["quota_in_force_cores"]
             if measured["cpu_quota"] == "none":
-                # The kernel counts quota periods only while a quota is set.
-                assert quota is None and measured["throttled_share"] is None
+                assert quota is None
             else:
-                # The live change reached the kernel.
                 assert quota == pytest.approx(0.5)
-                assert measured["throttled_share"] is not None
         # Both variants' servers ran side by side: each served its own cells, and
         # each was up before the block's first cell and until its last.
         servers = {
