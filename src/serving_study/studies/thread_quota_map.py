@@ -202,7 +202,7 @@ def run_round(
         for variant_name in dict.fromkeys(v for v, _ in server_round.cells):
             first_quota = next(q for v, q in server_round.cells if v == variant_name)
             try:
-                server, base_url = start_row_server(
+                server, base_url = start_round_server(
                     context, variant_name, threads, first_quota, lock_record
                 )
             except ArmFailed as failure:
@@ -241,7 +241,10 @@ def run_round(
                 | place
             )
     for cell in cells:
-        write_json(cell_directory(context, cell) / "metrics.json", cell)
+        cell_dir = cell_directory(
+            context, cell["variant"], int(cell["intra_op_threads"]), cell["cpu_quota"]
+        )
+        write_json(cell_dir / "metrics.json", cell)
     return cells
 
 
@@ -249,14 +252,17 @@ def server_directory(context: MapContext, variant_name: str, threads: int) -> Pa
     return context.block_dir / f"{variant_name}-threads{threads}"
 
 
-def cell_directory(context: MapContext, cell: Mapping) -> Path:
-    server_dir = server_directory(
-        context, cell["variant"], int(cell["intra_op_threads"])
+def cell_directory(context: MapContext, variant_name: str, threads: int, quota) -> Path:
+    """Where one cell's request log, monitors and metrics go; the cell's directory
+    exists on return."""
+    cell_dir = server_directory(context, variant_name, threads) / (
+        f"quota-{quota_label(quota)}"
     )
-    return server_dir / f"quota-{cell['cpu_quota']}"
+    cell_dir.mkdir(parents=True, exist_ok=True)
+    return cell_dir
 
 
-def start_row_server(
+def start_round_server(
     context: MapContext, variant_name: str, threads: int, quota, lock_record: dict
 ):
     """Start one variant's server with ``threads`` intra-op threads and record it."""
@@ -296,12 +302,10 @@ def start_row_server(
 def measure_cell(context: MapContext, server, base_url: str, arm: Arm) -> dict:
     """Put the cell's quota in force on the live server, then one measured window."""
     variant = context.variants[arm.variant]
-    cell_dir = (
-        server_directory(context, arm.variant, arm.intra_op_threads)
-        / f"quota-{quota_label(arm.cpu_quota)}"
+    paths = RunPaths.in_directory(
+        cell_directory(context, arm.variant, arm.intra_op_threads, arm.cpu_quota)
     )
-    cell_dir.mkdir(parents=True, exist_ok=True)
-    paths = RunPaths.in_directory(cell_dir)
+    started_at = now_iso()
     started = time.monotonic()
     server.quota_cores = arm.cpu_quota
     server.apply_quota()
@@ -333,7 +337,7 @@ def measure_cell(context: MapContext, server, base_url: str, arm: Arm) -> dict:
     metrics.update(
         intra_op_threads=arm.intra_op_threads,
         cpu_quota=quota_label(arm.cpu_quota),
-        started_at=now_iso(),
+        started_at=started_at,
         wall_s=round(time.monotonic() - started, 3),
     )
     log.info(
@@ -350,7 +354,6 @@ def failed_cell(context: MapContext, variant: str, threads: int, quota, reason: 
     arm = cell_arm(context.settings, variant, threads, quota)
     metrics = failed_run_metrics(arm, 1, reason)
     metrics.update(intra_op_threads=threads, cpu_quota=quota_label(quota))
-    cell_directory(context, metrics).mkdir(parents=True, exist_ok=True)
     return metrics
 
 
