@@ -200,6 +200,13 @@ def false_alarm_chance(runs_before: int, runs_after: int) -> float:
     )
 
 
+def any_false_alarm_bound(chances: Iterable[float]) -> float:
+    """At most how often any of several comparisons falls apart by chance alone,
+    given each one's own chance: their sum, capped at 1 (it holds however the
+    comparisons depend on each other)."""
+    return min(1.0, sum(chances))
+
+
 # --- the release series -----------------------------------------------------------
 
 
@@ -324,7 +331,7 @@ def series_false_alarm_bound(releases: pd.DataFrame, metric: str) -> tuple[int, 
         false_alarm_chance(int(runs_of[row["compared_with"]]), int(row["runs"]))
         for row in compared.to_dict("records")
     ]
-    return len(chances), min(1.0, sum(chances))
+    return len(chances), any_false_alarm_bound(chances)
 
 
 def describe_first_change(releases: pd.DataFrame, metric: str) -> str:

@@ -46,6 +46,7 @@ from serving_study.analysis.release_change import (
     ChangeCriterion,
     Comparison,
     Spread,
+    any_false_alarm_bound,
     compare,
     false_alarm_chance,
 )
@@ -144,13 +145,12 @@ def search(
     """Bisect ``commits`` (oldest, the good end, first; the bad end last).
 
     ``measure(commit, role, block)`` runs one commit and returns its Measurement.
-    Returns
-    the result: status, the first bad commit when found, and every measurement.
+    Returns the result: status, the first bad commit when found, and every
+    measurement.
     """
     if len(commits) < 2:
         raise BisectError("a bisect needs two different commits, good and bad")
     probes: list[Probe] = []
-    comparisons = 0
 
     def measured(commit: str, role: str, block: int) -> Spread:
         measurement = measure(commit, role, block)
@@ -167,7 +167,6 @@ def search(
     good = measured(commits[0], "good end", 0)
     bad = measured(commits[-1], "bad end", 0)
     ends = compare(good, bad, criterion)
-    comparisons += 1
     result = {
         "criterion": {
             "metric": criterion.metric,
@@ -187,7 +186,7 @@ def search(
             "reason": f"good and bad: {ends.verdict} ({ends.detail})",
             "last_good_commit": None,
             "first_bad_commit": None,
-            **error_rate(comparisons, criterion),
+            **error_rate(0, criterion),
             "probes": [probe.as_dict() for probe in probes],
         }
 
@@ -197,17 +196,19 @@ def search(
     while high - low > 1:
         block += 1
         middle = (low + high) // 2
-        spreads = {}
+        members = {
+            GOOD: (commits[0], "good end"),
+            "probe": (commits[middle], "probe"),
+            BAD: (commits[-1], "bad end"),
+        }
+        spreads, places = {}, {}
         for role in block_order(seed, block):
-            commit = {GOOD: commits[0], BAD: commits[-1]}.get(role, commits[middle])
-            label = {GOOD: "good end", BAD: "bad end"}.get(role, "probe")
-            spreads[role] = measured(commit, label, block)
-            if role == "probe":
-                probe_index = len(probes) - 1
+            spreads[role] = measured(*members[role], block)
+            places[role] = len(probes) - 1
         side, against_good, against_bad, why = classify(
             spreads["probe"], spreads[GOOD], spreads[BAD], criterion
         )
-        comparisons += 3
+        probe_index = places["probe"]
         probes[probe_index] = replace(
             probes[probe_index],
             side=side,
@@ -239,20 +240,22 @@ def search(
         "reason": reason,
         "last_good_commit": commits[low],
         "first_bad_commit": commits[high] if status == FOUND else None,
-        **error_rate(comparisons, criterion),
+        **error_rate(block, criterion),
         "probes": [probe.as_dict() for probe in probes],
     }
 
 
-def error_rate(comparisons: int, criterion: ChangeCriterion) -> dict:
-    """How many comparisons the search made, and at most how often any of them
-    would fall apart by chance alone had nothing changed (the sum of each one's
-    chance: the criterion's ranges, ``min_valid_runs`` against as many)."""
+def error_rate(blocks: int, criterion: ChangeCriterion) -> dict:
+    """How many comparisons the search made (the ends once, then in each block the
+    ends and the probe against each end), and at most how often any of them would
+    fall apart by chance alone had nothing changed (each one's chance: the
+    criterion's ranges, ``min_valid_runs`` against as many)."""
+    comparisons = 1 + 3 * blocks
     runs = criterion.min_valid_runs
     each = false_alarm_chance(runs, runs)
     return {
         "comparisons": comparisons,
-        "false_alarm_bound": min(1.0, comparisons * each),
+        "false_alarm_bound": any_false_alarm_bound([each] * comparisons),
     }
 
 
@@ -307,10 +310,10 @@ def measure_commit(
     """Run the arm ``runs`` times on ``commit``'s variant, within ``block``."""
     name = f"commit-{commit[:12]}"
     variant = commit_variant(commit, settings)
-    probe_dir = settings.probes_dir / commit[:12] / f"block{block}"
+    commit_dir = settings.probes_dir / commit[:12]
+    probe_dir = commit_dir / f"block{block}"
     probe_dir.mkdir(parents=True, exist_ok=True)
-    variant_file = settings.probes_dir / commit[:12] / "variant.json"
-    details = {"variant": str(variant_file), "runs_dir": str(probe_dir)}
+    details = {"variant": str(commit_dir / "variant.json"), "runs_dir": str(probe_dir)}
     try:
         load_variant_transport(Path(variant.sglang_python_root))
     except VariantSourceError as error:
