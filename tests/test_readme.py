@@ -84,16 +84,18 @@ def test_the_readme_names_its_stand_ins():
 GPU_HOST = ROOT / "docs" / "results" / "gpu-host"
 
 
-def gpu_host_tables():
+def arm_figures(results: Path, metric: str):
+    """One metric of a results page's ``arms.csv``: median, min, max... per arm."""
     import pandas as pd
 
-    arms = pd.read_csv(GPU_HOST / "tables" / "arms.csv")
-    claims = pd.read_csv(GPU_HOST / "tables" / "claims.csv").set_index("claim")
-    return arms, claims
-
-
-def medians(arms, metric: str):
+    arms = pd.read_csv(results / "tables" / "arms.csv")
     return arms[arms["metric"] == metric].set_index("arm")
+
+
+def gpu_host_claims():
+    import pandas as pd
+
+    return pd.read_csv(GPU_HOST / "tables" / "claims.csv").set_index("claim")
 
 
 def paired_count(detail: str) -> str:
@@ -113,8 +115,8 @@ def ratio_claim_line(claims, claim: str) -> str:
 
 def test_gpu_host_figures_match_the_committed_tables():
     """docs/gpu-hosts.md's figures and verdicts are those in docs/results/gpu-host."""
-    arms, claims = gpu_host_tables()
-    throughput = medians(arms, "throughput_rps")["median"]
+    claims = gpu_host_claims()
+    throughput = arm_figures(GPU_HOST, "throughput_rps")["median"]
     text = flat(section(DOCS / "gpu-hosts.md", "## The embedded engine on a GPU host"))
     rows = markdown_rows(
         section(DOCS / "gpu-hosts.md", "## The embedded engine on a GPU host")
@@ -123,9 +125,14 @@ def test_gpu_host_figures_match_the_committed_tables():
     assert set(shown) == {"A", "B", "C", "D", "E"}
     for arm, (_, _, rps, ttft, main, throttled) in shown.items():
         assert float(rps) == round(throughput[arm], 1), arm
-        assert ttft == f"{medians(arms, 'ttft_p50_ms').loc[arm, 'median']:.0f} ms"
-        assert main == f"{medians(arms, 'main_cpu_percent').loc[arm, 'median']:.0f}%"
-        share = medians(arms, "throttled_share").loc[arm, "median"]
+        assert (
+            ttft == f"{arm_figures(GPU_HOST, 'ttft_p50_ms').loc[arm, 'median']:.0f} ms"
+        )
+        assert (
+            main
+            == f"{arm_figures(GPU_HOST, 'main_cpu_percent').loc[arm, 'median']:.0f}%"
+        )
+        share = arm_figures(GPU_HOST, "throttled_share").loc[arm, "median"]
         assert throttled == f"{100 * share:.0f}%", arm
     for claim in (
         "fan-out-halves-throughput",
@@ -146,9 +153,9 @@ def test_gpu_host_figures_match_the_committed_tables():
 
 def test_the_gpu_host_results_page_matches_the_committed_tables():
     """Every row of the results page's two tables is the workflow's own figure."""
-    arms, claims = gpu_host_tables()
+    claims = gpu_host_claims()
     page = GPU_HOST / "README.md"
-    throughput = medians(arms, "throughput_rps")
+    throughput = arm_figures(GPU_HOST, "throughput_rps")
     rows = markdown_rows(
         section(page, "## The 2x2, cuda_ipc and every fix at the study's ratio")
     )
@@ -158,11 +165,16 @@ def test_the_gpu_host_results_page_matches_the_committed_tables():
         assert rps == (
             f"{figures['median']:.1f} [{figures['min']:.1f}-{figures['max']:.1f}]"
         ), arm
-        assert ttft == f"{medians(arms, 'ttft_p50_ms').loc[arm, 'median']:.0f} ms"
-        assert main == f"{medians(arms, 'main_cpu_percent').loc[arm, 'median']:.0f}%"
-        cost = medians(arms, "main_cpu_ms_per_request").loc[arm, "median"]
+        assert (
+            ttft == f"{arm_figures(GPU_HOST, 'ttft_p50_ms').loc[arm, 'median']:.0f} ms"
+        )
+        assert (
+            main
+            == f"{arm_figures(GPU_HOST, 'main_cpu_percent').loc[arm, 'median']:.0f}%"
+        )
+        cost = arm_figures(GPU_HOST, "main_cpu_ms_per_request").loc[arm, "median"]
         assert per_request == f"{cost:.1f} ms", arm
-        share = medians(arms, "throttled_share").loc[arm, "median"]
+        share = arm_figures(GPU_HOST, "throttled_share").loc[arm, "median"]
         assert throttled == ("–" if share != share else f"{100 * share:.0f}%"), arm
     verdicts = markdown_rows(
         section(page, "## Verdicts (bounds stated in the config before the run)")
@@ -185,8 +197,8 @@ def test_the_gpu_host_results_page_matches_the_committed_tables():
 
 
 def test_the_readme_gpu_host_headline_matches_the_committed_tables():
-    arms, claims = gpu_host_tables()
-    throughput = medians(arms, "throughput_rps")["median"]
+    claims = gpu_host_claims()
+    throughput = arm_figures(GPU_HOST, "throughput_rps")["median"]
     text = flat(section(README, "## On a GPU host"))
     assert (
         f"A {throughput['A']:.1f} req/s, B {throughput['B']:.1f}, "
@@ -221,10 +233,7 @@ def markdown_rows(text: str) -> list[list[str]]:
 
 
 def arm_medians(metric: str):
-    import pandas as pd
-
-    arms = pd.read_csv(SGLANG_CPU / "tables" / "arms.csv")
-    return arms[arms["metric"] == metric].set_index("arm")["median"]
+    return arm_figures(SGLANG_CPU, metric)["median"]
 
 
 def test_real_server_figures_in_the_readme_match_the_committed_tables():
@@ -319,10 +328,7 @@ DEFAULT = ROOT / "docs" / "results" / "embedded-b1"
 
 
 def default_run_medians():
-    import pandas as pd
-
-    arms = pd.read_csv(DEFAULT / "tables" / "arms.csv")
-    return lambda metric: arms[arms["metric"] == metric].set_index("arm")
+    return lambda metric: arm_figures(DEFAULT, metric)
 
 
 def test_default_run_figures_in_the_readme_match_the_committed_tables():
@@ -380,10 +386,8 @@ FIXES_ON_CPU = ROOT / "docs" / "results" / "sglang-cpu-fixes"
 def test_real_server_fix_figures_in_the_readme_match_the_committed_tables():
     import pandas as pd
 
-    arms = pd.read_csv(FIXES_ON_CPU / "tables" / "arms.csv")
-
     def medians(metric: str):
-        return arms[arms["metric"] == metric].set_index("arm")["median"]
+        return arm_figures(FIXES_ON_CPU, metric)["median"]
 
     throughput = medians("throughput_rps")
     cpu = medians("main_cpu_ms_per_request")
