@@ -35,7 +35,7 @@ RELEASE_REPORT_ITEMS = (
     else {}
 )
 
-# A thread x quota map (config: thread_quota_map) adds its heatmaps and cell table.
+# A thread x quota map (config: thread_quota_map) adds its heatmaps and tables.
 MAP_REPORT_ITEMS = (
     {
         "map_figure": report(
@@ -58,6 +58,13 @@ MAP_REPORT_ITEMS = (
             category="{experiment}",
             subcategory="Tables",
             labels={"item": "thread x quota map: the variants compared"},
+        ),
+        "map_by_quota_table": report(
+            "results/{experiment}/figures/table_thread_quota_map_by_quota.html",
+            caption="../report/table_thread_quota_map_by_quota.rst",
+            category="{experiment}",
+            subcategory="Tables",
+            labels={"item": "thread x quota map: the variants compared per quota"},
         ),
     }
     if config.get("thread_quota_map")

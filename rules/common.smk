@@ -205,6 +205,7 @@ def map_table_files():
     return [
         f"results/{EXPERIMENT}/tables/thread_quota_map.csv",
         f"results/{EXPERIMENT}/tables/thread_quota_map_contrast.csv",
+        f"results/{EXPERIMENT}/tables/thread_quota_map_by_quota.csv",
     ]
 
 

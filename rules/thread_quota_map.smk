@@ -1,8 +1,8 @@
 # The thread x quota map (config: thread_quota_map) in seeded shuffled blocks: each
 # block measures every (variant, threads, quota) cell once, thread counts in a
 # seeded order, both variants' servers side by side and their cells shuffled. Then
-# one table of every cell and one of the variant contrast paired within blocks. The
-# report draws them as heatmaps. It exists only when configured.
+# one table of every cell, one of the variant contrast paired within blocks, and
+# that contrast per quota. The report draws them as heatmaps and tables. It exists only when configured.
 
 if config.get("thread_quota_map"):
     MAP = config["thread_quota_map"]
@@ -51,6 +51,7 @@ if config.get("thread_quota_map"):
         output:
             table="results/{experiment}/tables/thread_quota_map.csv",
             contrast="results/{experiment}/tables/thread_quota_map_contrast.csv",
+            by_quota="results/{experiment}/tables/thread_quota_map_by_quota.csv",
         log:
             "results/logs/map_table/{experiment}.log",
         localrule: True

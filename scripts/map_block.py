@@ -12,6 +12,7 @@ from serving_study.config.records import (
     ServerSettings,
     Variant,
 )
+from serving_study.measure.run_provenance import run_provenance
 from serving_study.studies.thread_quota_map import run_map_block
 
 sys.stderr = open(snakemake.log[0], "w")
@@ -21,10 +22,9 @@ logging.basicConfig(
     format="%(asctime)s %(levelname)s %(message)s",
 )
 
-variants = [
-    Variant.from_identity(json.loads(Path(path).read_text()))
-    for path in snakemake.input.variants
-]
+identities = [json.loads(Path(path).read_text()) for path in snakemake.input.variants]
+variants = [Variant.from_identity(identity) for identity in identities]
+host = json.loads(Path(snakemake.input.host).read_text())
 cells = run_map_block(
     experiment=snakemake.wildcards.experiment,
     settings=dict(snakemake.params.settings),
@@ -37,5 +37,9 @@ cells = run_map_block(
     monitors=MonitorSettings.from_config(snakemake.params.monitors),
     sharing=HostSharing.from_config(snakemake.params.sharing),
     block_dir=Path(snakemake.output.cells),
+    traced_to={
+        variant.name: run_provenance(snakemake.config, host, identity)
+        for variant, identity in zip(variants, identities, strict=True)
+    },
 )
 Path(snakemake.output.block).write_text(json.dumps(cells, indent=2, default=str) + "\n")

@@ -196,6 +196,96 @@ def test_the_gpu_host_results_page_matches_the_committed_tables():
     assert f"(A/C {claims.loc['fan-out-halves-throughput', 'value']:.3f}" in text
 
 
+def gpu_host_map():
+    """The GPU host's map: its cells, contrast and contrast per quota."""
+    import pandas as pd
+
+    def table(name: str):
+        return pd.read_csv(
+            GPU_HOST / "tables" / f"{name}.csv", dtype={"cpu_quota": str}
+        )
+
+    return (
+        table("thread_quota_map"),
+        table("thread_quota_map_contrast").set_index(["cpu_quota", "intra_op_threads"]),
+        table("thread_quota_map_by_quota").set_index("cpu_quota"),
+    )
+
+
+def test_the_gpu_host_map_figures_are_the_map_tables():
+    """The results page's and docs/gpu-hosts.md's map figures are the workflow's."""
+    cells, contrast, by_quota = gpu_host_map()
+    page = GPU_HOST / "README.md"
+    body = section(page, "## The thread x quota map")
+    rows = markdown_rows(body)[1:]
+    assert [row[0] for row in rows] == by_quota.index.tolist()
+    for quota, smallest, largest, at, below, above in rows:
+        line = by_quota.loc[quota]
+        assert (smallest, largest) == (
+            f"{line['ratio_min']:.3f}",
+            f"{line['ratio_max']:.3f}",
+        ), quota
+        assert at == str(line["threads_at_max"]), quota
+        assert below == f"{line['blocks_below_1']} of {line['paired_blocks']}", quota
+        assert above == str(line["blocks_above_1"]), quota
+    text = flat(body)
+    assert f"{cells['valid'].sum()} of {len(cells)} cells valid" in text
+    trap = contrast.loc[("1", 16)]
+    blocks = trap["block_ratios"].replace(";", " and ")
+    assert (
+        f"original copy served {trap['baseline_rps']:.1f} req/s and the patched "
+        f"{trap['compared_rps']:.1f} ({trap['ratio']:.3f}x; blocks {blocks})" in text
+    )
+    beyond_cpus = contrast.loc["1"].loc[[32, 64, 128], "ratio"]
+    crowded = f"{beyond_cpus.min():.3f}-{beyond_cpus.max():.3f}x"
+    assert (
+        f"32-128 threads on 16 CPUs under 1 core the loss nearly vanishes ({crowded})"
+        in text
+    )
+    free, sixteen = by_quota.loc["none"], by_quota.loc["16"]
+    free_range = f"{free['ratio_min']:.3f}-{free['ratio_max']:.3f}"
+    assert (
+        f"its ratio is {free_range} and {free['blocks_below_1']} of "
+        f"{free['paired_blocks']} paired blocks fall below 1; with 16 cores, "
+        f"{sixteen['blocks_below_1']} of {sixteen['paired_blocks']}" in text
+    )
+    docs = flat(section(DOCS / "gpu-hosts.md", "## The embedded engine on a GPU host"))
+    assert f"blocks ({cells['valid'].sum()} of {len(cells)} cells valid)" in docs
+    assert f"patched copy serves {trap['ratio']:.3f}x the original" in docs
+    assert f"at most {beyond_cpus.max():.3f}x" in docs
+    assert (
+        f"without a quota {free_range}x ({free['blocks_below_1']} of "
+        f"{free['paired_blocks']} paired blocks below 1)" in docs
+    )
+
+
+def test_the_gpu_host_map_tables_follow_from_its_committed_blocks():
+    """The published map tables are what the workflow's code makes of the raw
+    blocks beside them, and the published page draws them."""
+    import json
+
+    import pandas as pd
+
+    from serving_study.analysis.map_contrast import contrast_by_quota, map_contrast
+    from serving_study.studies.thread_quota_map import map_table
+
+    blocks = [
+        json.loads(path.read_text())
+        for path in sorted((GPU_HOST / "thread-quota-map").glob("block*.json"))
+    ]
+    cells = map_table(blocks)
+    contrast = map_contrast(cells, ["original", "patched"])
+    published = pd.read_csv(GPU_HOST / "tables" / "thread_quota_map_by_quota.csv")
+    recomputed = contrast_by_quota(contrast)
+    recomputed["cpu_quota"] = recomputed["cpu_quota"].astype(str)
+    published["cpu_quota"] = published["cpu_quota"].astype(str)
+    pd.testing.assert_frame_equal(recomputed, published, check_dtype=False)
+    assert len(blocks) == 2 and len(cells) == sum(len(block) for block in blocks)
+    page = (GPU_HOST / "report.html").read_text()
+    assert "Thread x quota map: the variants compared per quota" in page
+    assert "Which fix: throughput, latency and CPU cost of each" in page
+
+
 def test_the_readme_gpu_host_headline_matches_the_committed_tables():
     claims = gpu_host_claims()
     throughput = arm_figures(GPU_HOST, "throughput_rps")["median"]

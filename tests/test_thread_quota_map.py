@@ -12,7 +12,11 @@ import pytest
 import yaml
 from study_helpers import TEST_CONFIG, leaked_segments, snakemake_command
 
-from serving_study.analysis.map_contrast import map_contrast, quota_order
+from serving_study.analysis.map_contrast import (
+    contrast_by_quota,
+    map_contrast,
+    quota_order,
+)
 from serving_study.config.validation import ConfigError, check_config
 from serving_study.report.map_chart import thread_quota_map
 from serving_study.studies.thread_quota_map import block_plan, map_table, quota_label
@@ -185,6 +189,46 @@ def test_the_contrast_pairs_cells_within_blocks_not_across_them():
     assert line["compared_rps"] == pytest.approx(8.8)
 
 
+def test_per_quota_the_contrast_gives_its_range_where_it_peaks_and_every_blocks_side():
+    # Two blocks; under 1 core the patched copy gains most at 16 threads; without
+    # a quota it is behind in three of the four paired blocks.
+    throughputs = {
+        (4, "1"): ((10.0, 12.0), (10.0, 13.0)),
+        (16, "1"): ((5.0, 15.0), (6.0, 15.0)),
+        (4, "none"): ((16.0, 15.8), (16.0, 15.6)),
+        (16, "none"): ((16.0, 15.9), (16.0, 16.2)),
+    }
+    blocks = [
+        [
+            cell(variant, threads, quota, pair[block - 1][index], block=block)
+            for (threads, quota), pair in throughputs.items()
+            for index, variant in enumerate(("original", "patched"))
+        ]
+        for block in (1, 2)
+    ]
+    blocks[1][0] = cell("original", 4, "1", 99.0, valid=False, reason="x", block=2)
+    by_quota = contrast_by_quota(
+        map_contrast(map_table(blocks), ["original", "patched"])
+    ).set_index("cpu_quota")
+    assert by_quota.index.tolist() == ["1", "none"]
+    one_core = by_quota.loc["1"]
+    assert one_core["thread_counts"] == 2
+    assert one_core["ratio_min"] == pytest.approx(1.2)
+    assert one_core["ratio_max"] == pytest.approx((3.0 + 2.5) / 2)
+    assert one_core["threads_at_max"] == 16
+    # The invalid original cell leaves its block unpaired.
+    assert one_core["paired_blocks"] == 3 and one_core["blocks_above_1"] == 3
+    free = by_quota.loc["none"]
+    assert free["ratio_min"] == pytest.approx((15.8 / 16 + 15.6 / 16) / 2)
+    assert free["ratio_max"] == pytest.approx((15.9 / 16 + 16.2 / 16) / 2)
+    assert free["threads_at_max"] == 16
+    assert (free["paired_blocks"], free["blocks_below_1"], free["blocks_above_1"]) == (
+        4,
+        3,
+        1,
+    )
+
+
 def test_heatmaps_show_each_variant_and_the_paired_ratio_of_valid_cells():
     cells = map_table(
         [
@@ -265,14 +309,23 @@ def test_a_real_map_runs_in_blocks_with_both_variants_side_by_side(tmp_path):
         assert max(s["started_at"] for s in servers.values()) <= cells[0]["started_at"]
         # The block held the host's measurement lock, as an arm's run does.
         assert servers["patched"]["host_lock"]["lock_file"].endswith(".lock")
+        # Each server's record traces it to this project's commit and its variant.
+        for variant, server in servers.items():
+            provenance = server["provenance"]
+            assert len(provenance["project"]["commit"]) == 40
+            patch = provenance["versions"]["engine"]["patch"]
+            assert (patch is None) == (variant == "original"), (variant, patch)
 
     table = pd.read_csv(results / "tables" / "thread_quota_map.csv")
     assert len(table) == 8 and table["valid"].all()
     contrast = pd.read_csv(results / "tables" / "thread_quota_map_contrast.csv")
     assert contrast["paired_blocks"].tolist() == [2, 2]
+    by_quota = pd.read_csv(results / "tables" / "thread_quota_map_by_quota.csv")
+    assert by_quota["paired_blocks"].tolist() == [2, 2]
     page = (results / "report.html").read_text()
     assert "Throughput over intra-op threads and CPU quota" in page
     assert "Thread x quota map: the variants compared, paired in blocks" in page
     assert (results / "figures" / "thread_quota_map.html").is_file()
     assert (results / "figures" / "table_thread_quota_map_contrast.html").is_file()
+    assert "Thread x quota map: the variants compared per quota" in page
     assert not leaked_segments()

@@ -43,6 +43,7 @@ RELEASE_TABLE = "releases"
 # Written by the thread x quota map's own rule (thread_quota_map.py) when configured.
 MAP_TABLE = "thread_quota_map"
 MAP_CONTRAST_TABLE = "thread_quota_map_contrast"
+MAP_BY_QUOTA_TABLE = "thread_quota_map_by_quota"
 
 
 def aggregate(metrics_paths: Iterable[Path], config: dict) -> dict[str, pd.DataFrame]:
@@ -123,5 +124,9 @@ def read_tables(in_dir: Path) -> dict[str, pd.DataFrame]:
             dtype={"cpu_quota": str, "block_ratios": str},
             keep_default_na=False,
             na_values=[""],
+        )
+        by_quota = Path(in_dir) / f"{MAP_BY_QUOTA_TABLE}.csv"
+        tables[MAP_BY_QUOTA_TABLE] = pd.read_csv(
+            by_quota, dtype={"cpu_quota": str}, keep_default_na=False, na_values=[""]
         )
     return tables

@@ -4,7 +4,8 @@ Each block of the map measures every cell once, and within a block both variants
 cells of one thread count run side by side within seconds of each other. A
 contrast is therefore the median of per-block ratios (compared over baseline, the
 same thread count and quota, the same block), never a ratio of medians taken at
-different times; the blocks on each side of 1 say how firm it is.
+different times; the blocks on each side of 1 say how firm it is. Per quota, the
+contrast is also summed up over every thread count (``contrast_by_quota``).
 """
 
 import pandas as pd
@@ -21,6 +22,19 @@ CONTRAST_COLUMNS = (
     "blocks_below_1",
     "blocks_above_1",
     "block_ratios",
+)
+
+BY_QUOTA_COLUMNS = (
+    "cpu_quota",
+    "baseline",
+    "compared",
+    "thread_counts",
+    "ratio_min",
+    "ratio_max",
+    "threads_at_max",
+    "paired_blocks",
+    "blocks_below_1",
+    "blocks_above_1",
 )
 
 
@@ -93,3 +107,32 @@ def paired_ratios(
         return pd.Series(dtype=float)
     ratios = (pairs[compared] / pairs[baseline]).dropna()
     return ratios.sort_index().reset_index(drop=True)
+
+
+def contrast_by_quota(contrast: pd.DataFrame) -> pd.DataFrame:
+    """The contrast summed up per quota, over every thread count: the range of the
+    cells' paired ratios, the thread count where the compared variant gains most,
+    and how many of all the paired block ratios fall on each side of 1."""
+    lines = []
+    measured = contrast.dropna(subset=["ratio"])
+    for (baseline, compared), pairs in measured.groupby(
+        ["baseline", "compared"], sort=False
+    ):
+        for quota in quota_order(pairs["cpu_quota"]):
+            cells = pairs[pairs["cpu_quota"] == quota]
+            best = cells.loc[cells["ratio"].idxmax()]
+            lines.append(
+                {
+                    "cpu_quota": quota,
+                    "baseline": baseline,
+                    "compared": compared,
+                    "thread_counts": len(cells),
+                    "ratio_min": cells["ratio"].min(),
+                    "ratio_max": cells["ratio"].max(),
+                    "threads_at_max": int(best["intra_op_threads"]),
+                    "paired_blocks": int(cells["paired_blocks"].sum()),
+                    "blocks_below_1": int(cells["blocks_below_1"].sum()),
+                    "blocks_above_1": int(cells["blocks_above_1"].sum()),
+                }
+            )
+    return pd.DataFrame(lines, columns=list(BY_QUOTA_COLUMNS))

@@ -37,11 +37,13 @@ FIGURE_CAPTIONS = {
         "its ratio to the trap. What each fix costs is in the table beside it."
     ),
     "thread_quota_map": (
-        "Throughput of one measured window per cell: intra-op threads of the main "
+        "Median throughput over the map's blocks: intra-op threads of the main "
         "process (forced with torch.set_num_threads) across, the server's CPU "
-        "quota down. One server per row, its quota changed live between cells. "
-        "The last panel divides the second variant's throughput by the first's "
-        "(above 1: the second serves more). Invalid cells are left empty."
+        "quota down. In each block, one server per variant and thread count, "
+        "side by side, its quota changed live between cells. The last panel is "
+        "the second variant's throughput over the first's, the median of ratios "
+        "paired within blocks (above 1: the second serves more). Invalid cells "
+        "are left empty."
     ),
 }
 

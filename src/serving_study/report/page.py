@@ -19,7 +19,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from serving_study.analysis.aggregate import MAP_CONTRAST_TABLE, MAP_TABLE
+from serving_study.analysis.aggregate import (
+    MAP_BY_QUOTA_TABLE,
+    MAP_CONTRAST_TABLE,
+    MAP_TABLE,
+)
 from serving_study.analysis.fix_comparison import FIXES_TABLE
 from serving_study.report.charts import chart_specs
 from serving_study.report.document import html_document
@@ -36,6 +40,7 @@ from serving_study.report.study_setup import platform_html, setup_html, variants
 from serving_study.report.tables import (
     arms_html,
     invalid_runs_html,
+    map_by_quota_html,
     map_cells_html,
     map_contrast_html,
     runs_html,
@@ -49,6 +54,7 @@ TABLE_TITLES = {
     "invalid_runs": "Invalid runs, left out of every median",
     "runs": "Every run",
     "releases": "Releases: each against the release before",
+    MAP_BY_QUOTA_TABLE: "Thread x quota map: the variants compared per quota",
     MAP_CONTRAST_TABLE: "Thread x quota map: the variants compared, paired in blocks",
     MAP_TABLE: "Thread x quota map: every cell of every block",
     FIXES_TABLE: "Which fix: throughput, latency and CPU cost of each",
@@ -148,6 +154,7 @@ def table_sections(tables: dict[str, pd.DataFrame], config: dict) -> dict[str, s
     if is_release_series(config, tables):
         sections = {"releases": releases_html(tables, config), **sections}
     if MAP_TABLE in tables:
+        sections[MAP_BY_QUOTA_TABLE] = map_by_quota_html(tables[MAP_BY_QUOTA_TABLE])
         sections[MAP_CONTRAST_TABLE] = map_contrast_html(tables[MAP_CONTRAST_TABLE])
         sections[MAP_TABLE] = map_cells_html(tables[MAP_TABLE])
     if FIXES_TABLE in tables:

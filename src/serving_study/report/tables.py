@@ -169,6 +169,37 @@ def map_cells_html(cells: pd.DataFrame) -> str:
     return html_table(header, rows, numeric_from=6)
 
 
+def map_by_quota_html(by_quota: pd.DataFrame) -> str:
+    header = [
+        "quota (cores)",
+        "baseline",
+        "compared",
+        "thread counts",
+        "smallest ratio",
+        "largest ratio",
+        "threads at the largest",
+        "paired blocks",
+        "blocks below 1",
+        "blocks above 1",
+    ]
+    rows = [
+        [
+            text(row["cpu_quota"]),
+            row["baseline"],
+            row["compared"],
+            text(row["thread_counts"]),
+            format_number(row["ratio_min"]),
+            format_number(row["ratio_max"]),
+            text(row["threads_at_max"]),
+            text(row["paired_blocks"]),
+            text(row["blocks_below_1"]),
+            text(row["blocks_above_1"]),
+        ]
+        for row in by_quota.to_dict("records")
+    ]
+    return html_table(header, rows, numeric_from=3)
+
+
 def map_contrast_html(contrast: pd.DataFrame) -> str:
     header = [
         "intra-op threads",

@@ -145,6 +145,7 @@ class MapContext:
     client: ClientSettings
     monitors: MonitorSettings
     block_dir: Path
+    traced_to: Mapping[str, dict]
 
 
 @termination_as_interrupt()
@@ -161,11 +162,13 @@ def run_map_block(
     monitors: MonitorSettings,
     block_dir: Path,
     sharing: HostSharing,
+    traced_to: Mapping[str, dict],
 ) -> list[dict]:
     """Measure block ``block`` of the map; return its cells' metrics in the order
     they ran.
 
-    ``settings`` is the config's ``thread_quota_map`` section. The block holds the
+    ``settings`` is the config's ``thread_quota_map`` section; ``traced_to`` holds
+    each variant's provenance, which its servers' records carry. The block holds the
     host's measurement lock from before its first server starts until its last has
     stopped, as an arm's run does.
     """
@@ -179,6 +182,7 @@ def run_map_block(
         client=dataclasses.replace(client, warmup_requests=settings["warmup_requests"]),
         monitors=monitors,
         block_dir=block_dir,
+        traced_to=traced_to,
     )
     block_dir.mkdir(parents=True, exist_ok=True)
     cells: list[dict] = []
@@ -291,6 +295,7 @@ def start_round_server(
                 "server_info": read_server_info(base_url),
                 "started_at": now_iso(),
                 "host_lock": lock_record,
+                "provenance": context.traced_to[variant_name],
             },
         )
     except BaseException:
