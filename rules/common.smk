@@ -179,7 +179,7 @@ def report_config():
     """What the report reads of the config (REPORT_KEYS, sglang's device)."""
     part = config_part(REPORT_KEYS)
     if SERVER.engine == "sglang":
-        part["sglang"] = {"device": config["sglang"]["device"]}
+        part["sglang"] = {"device": SERVER.device}
     return part
 
 

@@ -12,6 +12,7 @@ from serving_study.analysis.aggregate import aggregate, read_tables, write_table
 from serving_study.analysis.fix_comparison import FIXES_TABLE, TRAP
 from serving_study.config.validation import fixes_problems
 from serving_study.report.page import build_report
+from serving_study.report.settings import ReportSettings
 
 FIXES = {
     "baseline": {"arm": "original"},
@@ -66,7 +67,8 @@ def test_the_report_shows_the_section_and_its_figure(tmp_path):
     read_back = read_tables(tmp_path / "tables")
     assert FIXES_TABLE in read_back
     page = tmp_path / "report.html"
-    written = build_report(read_back, config, {}, [], page, tmp_path / "figures")
+    settings = ReportSettings.from_config(config | {"engine": "embedded"})
+    written = build_report(read_back, settings, {}, [], page, tmp_path / "figures")
     html = page.read_text()
     assert "Which fix: throughput, latency and CPU cost of each" in html
     assert "not measured" in html

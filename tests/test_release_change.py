@@ -35,6 +35,7 @@ from serving_study.analysis.release_change import (
 from serving_study.config.validation import ConfigError, check_config
 from serving_study.engine.shm_loader import load_variant_transport
 from serving_study.report.page import build_report
+from serving_study.report.settings import ReportSettings
 from serving_study.sources.fetch import fetch_source
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,6 +107,7 @@ def test_false_alarm_chance_is_the_share_of_orderings_whose_ranges_fall_apart():
 def release_config(versions: list[str]) -> dict:
     return {
         "experiment": "series",
+        "engine": "embedded",
         "release_series": True,
         "change_criterion": {"metric": "throughput_rps", "min_change": 0.05},
         "sources": [
@@ -114,7 +116,14 @@ def release_config(versions: list[str]) -> dict:
         ],
         "variants": [{"name": f"v{v}", "source": f"s{v}"} for v in versions],
         "arms": [
-            {"name": f"arm-{index}", "variant": f"v{v}", "cpu_quota": 0.21}
+            {
+                "name": f"arm-{index}",
+                "variant": f"v{v}",
+                "workload": "w",
+                "cpu_quota": 0.21,
+                "concurrency": 1,
+                "requests": 4,
+            }
             for index, v in enumerate(versions)
         ],
         "claims": [],
@@ -233,7 +242,8 @@ def test_report_plots_the_series_and_marks_the_first_change(tmp_path):
     tables, config = series_tables()
     host = json.loads((REPORT_FIXTURE / "host.json").read_text())
     page = tmp_path / "report.html"
-    written = build_report(tables, config, host, [], page, tmp_path / "figures")
+    settings = ReportSettings.from_config(config)
+    written = build_report(tables, settings, host, [], page, tmp_path / "figures")
 
     assert tmp_path / "figures" / "release_series.html" in written
     assert tmp_path / "figures" / "table_releases.html" in written
@@ -257,7 +267,8 @@ def test_report_of_an_experiment_that_is_no_series_has_no_release_figure(tmp_pat
     config["release_series"] = False
     host = json.loads((REPORT_FIXTURE / "host.json").read_text())
     page = tmp_path / "report.html"
-    written = build_report(tables, config, host, [], page, tmp_path / "figures")
+    settings = ReportSettings.from_config(config)
+    written = build_report(tables, settings, host, [], page, tmp_path / "figures")
     assert not any("release" in path.name for path in written)
     assert "figure-release_series" not in page.read_text()
 

@@ -24,6 +24,7 @@ from serving_study.measure.run_metrics import summarize_run
 from serving_study.report import formatting
 from serving_study.report.charts import chart_specs
 from serving_study.report.page import build_report
+from serving_study.report.settings import ReportSettings
 from serving_study.report.study_setup import platform_html
 
 ROOT = Path(__file__).parent.parent
@@ -99,6 +100,12 @@ def write_fixture_metrics(
     return paths
 
 
+def report_settings(config: dict) -> ReportSettings:
+    """The record the report job builds from its part of the config, which always
+    names the engine (the fixture's config leaves it out)."""
+    return ReportSettings.from_config({"engine": "embedded", **config})
+
+
 def load_inputs(tmp_path: Path, config: dict, runs: Path = FIXTURE / "runs"):
     tables = aggregate(write_fixture_metrics(config, tmp_path / "runs", runs), config)
     write_tables(tables, tmp_path / "tables")
@@ -115,7 +122,12 @@ def built(tmp_path_factory):
     tables, host, variants = load_inputs(tmp_path, config)
     page = tmp_path / "report.html"
     written = build_report(
-        tables, config, host, variants, page, figures_dir=tmp_path / "figures"
+        tables,
+        report_settings(config),
+        host,
+        variants,
+        page,
+        figures_dir=tmp_path / "figures",
     )
     return {
         "tables": tables,
@@ -177,7 +189,7 @@ def test_strings_from_config_are_escaped_in_text_and_in_chart_specs(tmp_path):
     tables, host, variants = load_inputs(tmp_path, config)
     host["cpu_model"] = HOSTILE
     page = tmp_path / "report.html"
-    build_report(tables, config, host, variants, page)
+    build_report(tables, report_settings(config), host, variants, page)
 
     html = page.read_text(encoding="utf-8")
     assert HOSTILE not in html
@@ -205,7 +217,7 @@ def test_several_concurrencies_put_figure_1_on_the_page(tmp_path):
     config["arms"][1]["concurrency"] = 16
     tables, host, variants = load_inputs(tmp_path, config)
     page = tmp_path / "report.html"
-    build_report(tables, config, host, variants, page)
+    build_report(tables, report_settings(config), host, variants, page)
 
     embedded = parse(page).chart_specs()
     assert list(embedded) == [
@@ -213,7 +225,8 @@ def test_several_concurrencies_put_figure_1_on_the_page(tmp_path):
         "chart-arm_comparison",
     ]
     figure_1 = embedded["chart-throughput_vs_concurrency"]
-    assert figure_1 == chart_specs(tables, config)["throughput_vs_concurrency"]
+    specs = chart_specs(tables, report_settings(config))
+    assert figure_1 == specs["throughput_vs_concurrency"]
     svg = vl_convert.vegalite_to_svg(figure_1)
     assert "concurrency" in svg and "study" in svg
 
@@ -331,20 +344,26 @@ def test_the_config_description_is_text_in_snakemakes_report(tmp_path):
 
 
 def test_a_real_server_on_cpu_says_what_differs_from_a_gpu_host():
+    arm = {"variant": "v", "workload": "w", "cpu_quota": 1.0}
+    arm |= {"concurrency": 1, "requests": 1}
     config = {
+        "experiment": "cpu-host",
         "engine": "sglang",
         "sglang": {"device": "cpu"},
         "arms": [
-            {"name": "A"},
-            {"name": "A-main", "quota_scope": "main_process"},
+            arm | {"name": "A"},
+            arm | {"name": "A-main", "quota_scope": "main_process"},
         ],
     }
-    text = platform_html(config)
+    text = platform_html(ReportSettings.from_config(config))
     assert "what differs from a GPU host" in text
     assert "tiny Qwen3-VL" in text and "stand-in" in text
     assert "in: A-main; the whole server elsewhere" in text
-    assert platform_html(config | {"sglang": {"device": "cuda"}}) == ""
-    assert platform_html({"engine": "embedded"}) == ""
+    on_gpu = config | {"sglang": {"device": "cuda"}}
+    assert platform_html(ReportSettings.from_config(on_gpu)) == ""
+    embedded = {key: value for key, value in config.items() if key != "sglang"}
+    embedded["engine"] = "embedded"
+    assert platform_html(ReportSettings.from_config(embedded)) == ""
 
 
 # --- in a browser: no text from the inputs runs -------------------------------
@@ -471,7 +490,7 @@ def report_modules() -> list:
 def test_no_text_from_the_inputs_runs_in_a_browser(tmp_path, monkeypatch):
     tables, config, host, variants = hostile_inputs(tmp_path)
     page = tmp_path / "report.html"
-    build_report(tables, config, host, variants, page)
+    build_report(tables, report_settings(config), host, variants, page)
     dom = rendered_dom(page, tmp_path / "profile")
 
     assert "data-pwned" not in dom
@@ -496,7 +515,7 @@ def test_no_text_from_the_inputs_runs_in_a_browser(tmp_path, monkeypatch):
         if hasattr(module, "script_json"):
             monkeypatch.setattr(module, "script_json", json.dumps)
     unescaped = tmp_path / "unescaped.html"
-    build_report(tables, config, host, variants, unescaped)
+    build_report(tables, report_settings(config), host, variants, unescaped)
     dom = rendered_dom(unescaped, tmp_path / "profile-unescaped")
     for kind in PAYLOAD_KINDS:
         assert f"data-pwned-{kind}=" in dom, kind

@@ -89,6 +89,13 @@ def _config_values(section: Mapping, names: Iterable[str], *keys: str) -> dict:
     }
 
 
+def config_values(section: Mapping, names: Iterable[str], *keys: str) -> dict:
+    """``_config_values`` for a record built outside this module (the report's
+    settings): ``section``'s value of each of ``names``, the schema's default for
+    one it lacks; no ``keys`` reads the config's top level."""
+    return _config_values(section, names, *keys)
+
+
 def _field_names(record: type) -> tuple[str, ...]:
     return tuple(field.name for field in dataclasses.fields(record))
 

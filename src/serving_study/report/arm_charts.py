@@ -10,11 +10,13 @@
 """
 
 import math
+from collections.abc import Sequence
 
 import altair as alt
 import pandas as pd
 
 from serving_study.analysis.summaries import describe_environment
+from serving_study.config.records import Arm, quota_value
 from serving_study.measure.run_metrics import METRICS
 from serving_study.report.figures import FIGURE_TITLES
 from serving_study.report.formatting import metric_heading
@@ -31,7 +33,7 @@ COMPARISON_METRICS = (
 )
 
 
-def series_labels(config: dict) -> dict[str, str]:
+def series_labels(arms: Sequence[Arm]) -> dict[str, str]:
     """Name each arm's line: its transport, plus whatever else sets arms apart.
 
     Arms that differ only in concurrency share a line; when arms of one
@@ -39,31 +41,33 @@ def series_labels(config: dict) -> dict[str, str]:
     are added to the label so that the lines stay apart.
     """
 
-    def describe(arm: dict, attribute: str) -> str:
+    def describe(arm: Arm, attribute: str) -> str:
         if attribute == "environment":
-            return describe_environment(arm.get("environment"))
+            return describe_environment(arm.environment)
         if attribute == "cpu_quota":
-            return f"quota {arm.get('cpu_quota')}"
-        return str(arm.get(attribute))
+            return f"quota {quota_value(arm.cpu_quota)}"
+        return str(getattr(arm, attribute))
 
     varying = ["transport"] + [
         attribute
         for attribute in ("variant", "cpu_quota", "environment")
-        if len({describe(arm, attribute) for arm in config["arms"]}) > 1
+        if len({describe(arm, attribute) for arm in arms}) > 1
     ]
     return {
-        arm["name"]: ", ".join(describe(arm, attribute) for attribute in varying)
-        for arm in config["arms"]
+        arm.name: ", ".join(describe(arm, attribute) for attribute in varying)
+        for arm in arms
     }
 
 
-def throughput_vs_concurrency(tables: dict[str, pd.DataFrame], config: dict) -> dict:
+def throughput_vs_concurrency(
+    tables: dict[str, pd.DataFrame], arms: Sequence[Arm]
+) -> dict:
     metric = "throughput_rps"
-    labels = series_labels(config)
-    concurrency = {arm["name"]: arm.get("concurrency") for arm in config["arms"]}
+    labels = series_labels(arms)
+    concurrency = {arm.name: arm.concurrency for arm in arms}
 
-    arms = tables["arms"]
-    summary = arms[arms["metric"] == metric].copy()
+    arm_table = tables["arms"]
+    summary = arm_table[arm_table["metric"] == metric].copy()
     summary["series"] = summary["arm"].map(labels)
     lines = pd.concat(
         [
@@ -82,7 +86,7 @@ def throughput_vs_concurrency(tables: dict[str, pd.DataFrame], config: dict) -> 
     points["concurrency"] = points["arm"].map(concurrency)
     points = points[["arm", "run", "series", "concurrency", metric]]
 
-    ticks = sorted({c for c in concurrency.values() if c is not None})
+    ticks = sorted(set(concurrency.values()))
     x = alt.X(
         "concurrency:Q",
         scale=alt.Scale(type="log", base=2),
@@ -153,8 +157,7 @@ def throughput_vs_concurrency(tables: dict[str, pd.DataFrame], config: dict) -> 
     return chart.to_dict()
 
 
-def arm_comparison(tables: dict[str, pd.DataFrame], config: dict) -> dict:
-    arm_order = [arm["name"] for arm in config["arms"]]
+def arm_comparison(tables: dict[str, pd.DataFrame], arm_order: list[str]) -> dict:
     arms = tables["arms"]
     metrics = [
         metric

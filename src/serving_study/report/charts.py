@@ -2,7 +2,7 @@
 aggregated tables.
 
 Figures 1 and 4, numbered after the study's own, always (arm_charts.py); the
-release series figure when the config sets `release_series`
+release series figure when the arms are a release series
 (release_chart.py); the thread x quota map when its table is there
 (map_chart.py); which fix to deploy when the config sets `fixes`
 (fix_comparison.py).
@@ -19,15 +19,18 @@ from serving_study.report.arm_charts import arm_comparison, throughput_vs_concur
 from serving_study.report.map_chart import thread_quota_map
 from serving_study.report.release_chart import release_series
 from serving_study.report.releases import is_release_series
+from serving_study.report.settings import ReportSettings
 
 
-def chart_specs(tables: dict[str, pd.DataFrame], config: dict) -> dict[str, dict]:
+def chart_specs(
+    tables: dict[str, pd.DataFrame], settings: ReportSettings
+) -> dict[str, dict]:
     """Every figure as a Vega-Lite spec, keyed by figure name."""
     specs = {
-        "throughput_vs_concurrency": throughput_vs_concurrency(tables, config),
-        "arm_comparison": arm_comparison(tables, config),
+        "throughput_vs_concurrency": throughput_vs_concurrency(tables, settings.arms),
+        "arm_comparison": arm_comparison(tables, settings.arm_names),
     }
-    if is_release_series(config, tables):
+    if is_release_series(settings, tables):
         specs["release_series"] = release_series(tables)
     if MAP_TABLE in tables:
         specs["thread_quota_map"] = thread_quota_map(

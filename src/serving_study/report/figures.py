@@ -2,6 +2,9 @@
 shows, and a figure as HTML: its spec travels as a JSON script block that the
 page's embedder draws."""
 
+from collections.abc import Sequence
+
+from serving_study.config.records import Arm
 from serving_study.report.markup import escape, script_json
 
 FIGURE_TITLES = {
@@ -48,11 +51,11 @@ FIGURE_CAPTIONS = {
 }
 
 
-def shown_figures(specs: dict[str, dict], config: dict) -> dict[str, dict]:
+def shown_figures(specs: dict[str, dict], arms: Sequence[Arm]) -> dict[str, dict]:
     """The figures the page shows, in its order: Figure 1 only where the arms
     span several concurrencies; every figure stays a page of its own anyway."""
     shown = ["arm_comparison"]
-    if has_several_concurrencies(config):
+    if has_several_concurrencies(arms):
         shown.insert(0, "throughput_vs_concurrency")
     if "release_series" in specs:
         shown.insert(0, "release_series")
@@ -74,5 +77,5 @@ def figure_html(name: str, spec: dict) -> str:
     )
 
 
-def has_several_concurrencies(config: dict) -> bool:
-    return len({arm.get("concurrency") for arm in config["arms"]}) > 1
+def has_several_concurrencies(arms: Sequence[Arm]) -> bool:
+    return len({arm.concurrency for arm in arms}) > 1

@@ -4,7 +4,7 @@ arms' figures are summarized."""
 from serving_study.analysis.summaries import BOOTSTRAP_RESAMPLES, MIN_RUNS_FOR_INTERVAL
 
 
-def method_html(config: dict) -> str:
+def method_html() -> str:
     return (
         "<p>Each run sends its warm-up requests first and measures only the "
         "requests after them. Throughput is the number of measured requests that "

@@ -36,6 +36,7 @@ from serving_study.report.releases import (
     release_change_html,
     releases_html,
 )
+from serving_study.report.settings import ReportSettings
 from serving_study.report.study_setup import platform_html, setup_html, variants_html
 from serving_study.report.tables import (
     arms_html,
@@ -63,7 +64,7 @@ TABLE_TITLES = {
 
 def build_report(
     tables: dict[str, pd.DataFrame],
-    config: dict,
+    settings: ReportSettings,
     host: dict,
     variants: list[dict],
     out_html: Path,
@@ -73,21 +74,26 @@ def build_report(
 
     Returns every file written.
     """
-    specs = chart_specs(tables, config)
+    specs = chart_specs(tables, settings)
     out_html = Path(out_html)
     out_html.parent.mkdir(parents=True, exist_ok=True)
     out_html.write_text(
-        render_report(tables, config, host, variants, shown_figures(specs, config)),
+        render_report(
+            tables, settings, host, variants, shown_figures(specs, settings.arms)
+        ),
         encoding="utf-8",
     )
     written = [out_html]
     if figures_dir is not None:
-        written += write_report_items(tables, config, specs, Path(figures_dir))
+        written += write_report_items(tables, settings, specs, Path(figures_dir))
     return written
 
 
 def write_report_items(
-    tables: dict[str, pd.DataFrame], config: dict, specs: dict, figures_dir: Path
+    tables: dict[str, pd.DataFrame],
+    settings: ReportSettings,
+    specs: dict,
+    figures_dir: Path,
 ) -> list[Path]:
     """Each figure as a page and a `.vl.json`, each table as a page."""
     figures_dir.mkdir(parents=True, exist_ok=True)
@@ -104,7 +110,7 @@ def write_report_items(
             encoding="utf-8",
         )
         written += [spec_path, page_path]
-    for name, body in table_sections(tables, config).items():
+    for name, body in table_sections(tables, settings).items():
         path = figures_dir / f"table_{name}.html"
         path.write_text(html_document(TABLE_TITLES[name], body), encoding="utf-8")
         written.append(path)
@@ -113,36 +119,38 @@ def write_report_items(
 
 def render_report(
     tables: dict[str, pd.DataFrame],
-    config: dict,
+    settings: ReportSettings,
     host: dict,
     variants: list[dict],
     specs: dict[str, dict],
 ) -> str:
     """The whole report page as a string."""
-    experiment = config.get("experiment", "experiment")
+    experiment = settings.experiment
     parts = [
         f"<h1>{escape(experiment)}</h1>",
-        f"<p>{escape(config.get('description', ''))}</p>",
+        f"<p>{escape(settings.description)}</p>",
         "<h2>Verdicts</h2>",
         verdicts_html(tables),
-        release_change_html(tables, config),
+        release_change_html(tables, settings),
         "<h2>Setup</h2>",
-        setup_html(tables, config, host),
-        platform_html(config),
+        setup_html(tables, settings, host),
+        platform_html(settings),
         "<h3>Variants</h3>",
         variants_html(variants),
         "<h2>Figures</h2>",
         *(figure_html(name, spec) for name, spec in specs.items()),
     ]
-    for name, section in table_sections(tables, config).items():
+    for name, section in table_sections(tables, settings).items():
         parts += [f"<h2>{escape(TABLE_TITLES[name])}</h2>", section]
-    parts += ["<h2>How the numbers were made</h2>", method_html(config)]
+    parts += ["<h2>How the numbers were made</h2>", method_html()]
     return html_document(
         f"{experiment}: serving study report", "\n".join(parts), with_charts=bool(specs)
     )
 
 
-def table_sections(tables: dict[str, pd.DataFrame], config: dict) -> dict[str, str]:
+def table_sections(
+    tables: dict[str, pd.DataFrame], settings: ReportSettings
+) -> dict[str, str]:
     """Each table as HTML, keyed by table name, in the page's order."""
     sections = {
         "arms": arms_html(tables),
@@ -151,8 +159,8 @@ def table_sections(tables: dict[str, pd.DataFrame], config: dict) -> dict[str, s
         "invalid_runs": invalid_runs_html(tables),
         "runs": runs_html(tables),
     }
-    if is_release_series(config, tables):
-        sections = {"releases": releases_html(tables, config), **sections}
+    if is_release_series(settings, tables):
+        sections = {"releases": releases_html(tables, settings), **sections}
     if MAP_TABLE in tables:
         sections[MAP_BY_QUOTA_TABLE] = map_by_quota_html(tables[MAP_BY_QUOTA_TABLE])
         sections[MAP_CONTRAST_TABLE] = map_contrast_html(tables[MAP_CONTRAST_TABLE])

@@ -7,21 +7,25 @@ import pandas as pd
 
 from serving_study.analysis.aggregate import RELEASE_TABLE
 from serving_study.analysis.release_change import (
-    ChangeCriterion,
     describe_first_change,
     false_alarm_chance,
 )
 from serving_study.report.formatting import ratio_text, summary_text, text
 from serving_study.report.markup import escape, html_table
+from serving_study.report.settings import ReportSettings
 
 
-def is_release_series(config: dict, tables: dict[str, pd.DataFrame]) -> bool:
-    return bool(config.get("release_series")) and RELEASE_TABLE in tables
+def is_release_series(
+    settings: ReportSettings, tables: dict[str, pd.DataFrame]
+) -> bool:
+    return settings.release_series and RELEASE_TABLE in tables
 
 
-def release_change_html(tables: dict[str, pd.DataFrame], config: dict) -> str:
+def release_change_html(
+    tables: dict[str, pd.DataFrame], settings: ReportSettings
+) -> str:
     """Where each figure of a release series first changed, or nothing."""
-    if not is_release_series(config, tables):
+    if not is_release_series(settings, tables):
         return ""
     releases = tables["releases"]
     items = "".join(
@@ -31,9 +35,9 @@ def release_change_html(tables: dict[str, pd.DataFrame], config: dict) -> str:
     return f'<h3>Release series</h3><ul class="verdicts">{items}</ul>'
 
 
-def releases_html(tables: dict[str, pd.DataFrame], config: dict) -> str:
+def releases_html(tables: dict[str, pd.DataFrame], settings: ReportSettings) -> str:
     releases = tables["releases"]
-    criterion = ChangeCriterion.from_config(config.get("change_criterion"))
+    criterion = settings.change_criterion
     runs = criterion.min_valid_runs
     note = (
         "A release differs from the one before it when their [min, max] ranges "

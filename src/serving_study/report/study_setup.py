@@ -10,28 +10,29 @@ from serving_study.analysis.summaries import describe_environment
 from serving_study.config.platform import CPU_HOST_DIFFERENCES
 from serving_study.report.formatting import describe
 from serving_study.report.markup import escape, html_table
+from serving_study.report.settings import ReportSettings
 
 
-def setup_html(tables: dict[str, pd.DataFrame], config: dict, host: dict) -> str:
+def setup_html(
+    tables: dict[str, pd.DataFrame], settings: ReportSettings, host: dict
+) -> str:
     host_rows = host_summary_rows(host) + [["runs measured", run_dates(tables["runs"])]]
-    if (config.get("reference") or {}).get("source"):
-        host_rows.append(
-            ["study numbers from", describe(config["reference"]["source"])]
-        )
+    if settings.reference_source:
+        host_rows.append(["study numbers from", describe(settings.reference_source)])
     arm_rows = []
     runs = tables["runs"]
-    for arm in config["arms"]:
-        arm_runs = runs[runs["arm"] == arm["name"]]
+    for arm in settings.arms:
+        arm_runs = runs[runs["arm"] == arm.name]
         threads = sorted({int(t) for t in arm_runs["torch_threads"].dropna()})
         arm_rows.append(
             [
-                arm["name"],
-                describe(arm.get("variant")),
-                describe(arm.get("workload")),
-                describe(arm.get("transport")),
-                describe(arm.get("concurrency")),
-                describe(arm.get("cpu_quota")),
-                describe_environment(arm.get("environment")),
+                arm.name,
+                describe(arm.variant),
+                describe(arm.workload),
+                describe(arm.transport),
+                describe(arm.concurrency),
+                describe(arm.cpu_quota),
+                describe_environment(arm.environment),
                 ", ".join(str(t) for t in threads) or "not recorded",
                 f"{int(arm_runs['valid'].astype(bool).sum())} of {len(arm_runs)}",
             ]
@@ -147,18 +148,13 @@ def run_dates(runs: pd.DataFrame) -> str:
     return f"{first:%Y-%m-%d %H:%M} to {last:%Y-%m-%d %H:%M} UTC"
 
 
-def platform_html(config: dict) -> str:
+def platform_html(settings: ReportSettings) -> str:
     """For real SGLang on a CPU host: what differs from a GPU host, and which arms
     have the quota on the main process alone."""
-    sglang = config.get("sglang") or {}
-    if config.get("engine") != "sglang" or sglang.get("device") != "cpu":
+    if not settings.sglang_on_cpu:
         return ""
     items = "".join(f"<li>{escape(line)}</li>" for line in CPU_HOST_DIFFERENCES)
-    main_only = [
-        arm["name"]
-        for arm in config.get("arms", [])
-        if arm.get("quota_scope") == "main_process"
-    ]
+    main_only = [arm.name for arm in settings.arms if arm.quota_scope == "main_process"]
     scope = (
         "<p>The quota binds the main process alone (the scheduler and detokenizer "
         f"in a cgroup of their own) in: {escape(', '.join(main_only))}; the whole "

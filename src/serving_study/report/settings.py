@@ -1,0 +1,64 @@
+"""What the report reads of the config, as one record built once.
+
+The report job gets the part of the config that rules/common.smk's
+``report_config()`` passes (its REPORT_KEYS, and for real SGLang where the server
+ran); ``ReportSettings.from_config`` turns that into a record, and the report's
+modules read the record, never the dict. Arms are ``Arm`` records and the change
+criterion a ``ChangeCriterion``, so each value is normalised where those records
+normalise it; a key the config leaves out takes the schema's default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from serving_study.analysis.release_change import ChangeCriterion
+from serving_study.config.records import Arm, config_values
+
+OPTIONAL_KEYS = ("description", "reference", "release_series", "change_criterion")
+
+
+@dataclass(frozen=True)
+class ReportSettings:
+    """The experiment's name and description, its arms in config order, where the
+    study's numbers come from, whether the arms are a release series and the
+    criterion that tells releases apart, and the engine with, for real SGLang,
+    the ``sglang.device`` the config gives (None for the embedded engine)."""
+
+    experiment: str
+    description: str
+    arms: tuple[Arm, ...]
+    reference_source: str | None
+    release_series: bool
+    change_criterion: ChangeCriterion
+    engine: str
+    sglang_device: str | None
+
+    @classmethod
+    def from_config(cls, config: Mapping) -> ReportSettings:
+        values = config_values(config, OPTIONAL_KEYS)
+        engine = str(config["engine"])
+        device = None
+        if engine == "sglang":
+            sglang = config.get("sglang", {})
+            device = config_values(sglang, ("device",), "sglang")["device"]
+        return cls(
+            experiment=str(config["experiment"]),
+            description=str(values["description"]),
+            arms=tuple(Arm.from_config(arm) for arm in config["arms"]),
+            reference_source=values["reference"].get("source"),
+            release_series=bool(values["release_series"]),
+            change_criterion=ChangeCriterion.from_config(values["change_criterion"]),
+            engine=engine,
+            sglang_device=device,
+        )
+
+    @property
+    def arm_names(self) -> list[str]:
+        return [arm.name for arm in self.arms]
+
+    @property
+    def sglang_on_cpu(self) -> bool:
+        """Whether the arms ran SGLang's real server on a CPU host."""
+        return self.sglang_device == "cpu"
