@@ -307,19 +307,49 @@ def test_a_figure_no_run_reports_is_refused(where):
         jsonschema.validate(config, schema_for_claims())
 
 
+def ratio_claim(**fields) -> dict:
+    return {
+        "name": "c",
+        "statement": "s",
+        "metric": "throughput_rps",
+        "numerator": "patched",
+        "denominator": "original",
+    } | fields
+
+
+def within_claim(**fields) -> dict:
+    return {
+        "name": "c",
+        "kind": "within",
+        "statement": "s",
+        "metric": "throughput_rps",
+        "arms": ["original", "patched"],
+    } | fields
+
+
 @pytest.mark.parametrize(
-    "broken",
+    ("broken", "rule", "complete"),
     [
-        {"name": "no_bound", "statement": "s", "metric": "throughput_rps",
-         "numerator": "patched", "denominator": "original"},
-        {"name": "no_tolerance", "kind": "within", "statement": "s",
-         "metric": "throughput_rps", "arms": ["original", "patched"]},
-        {"name": "typo", "statement": "s", "metric": "throughput_rps",
-         "numerator": "patched", "denominator": "original", "at_leats": 2},
+        (ratio_claim(), "anyOf", ratio_claim(at_least=2)),  # no bound
+        (within_claim(), "required", within_claim(tolerance=0.1)),
+        (  # a misspelled second bound beside a good one
+            ratio_claim(at_least=2, at_mots=0.5),
+            "additionalProperties",
+            ratio_claim(at_least=2, at_most=0.5),
+        ),
     ],
-)  # fmt: skip
-def test_the_schema_rejects_incomplete_claims(broken):
+    ids=["no-bound", "no-tolerance", "misspelled-key"],
+)
+def test_the_schema_rejects_incomplete_claims(broken, rule, complete):
+    """Each claim is refused by the rule that names what it lacks, and taken once
+    that is given."""
     config = copy.deepcopy(fixture_config())
     config["claims"] = [broken]
-    with pytest.raises(jsonschema.ValidationError):
+    with pytest.raises(jsonschema.ValidationError) as refused:
         jsonschema.validate(config, schema_for_claims())
+    assert (refused.value.validator, list(refused.value.absolute_path)) == (
+        rule,
+        ["claims", 0],
+    )
+    config["claims"] = [complete]
+    jsonschema.validate(config, schema_for_claims())

@@ -774,7 +774,9 @@ def test_sglang_dockerfile_puts_the_variant_over_an_editable_install(
 
 @pytest.mark.docker
 def test_monitors_see_the_containers_processes_from_the_host(embedded_image, tmp_path):
-    """The scheduler inside is a host process the monitors can find and sample."""
+    """The scheduler inside is a host process the monitors can find and sample, in
+    the container's own cgroup under its quota."""
+    from serving_study.measure.monitors import RunMonitors
     from serving_study.measure.server_processes import find_server_processes
 
     port = free_port()
@@ -795,11 +797,23 @@ def test_monitors_see_the_containers_processes_from_the_host(embedded_image, tmp
         found = find_server_processes(server.pid, server.group.pids())
         assert found.main.pid == server.pid
         assert found.scheduler is not None and found.scheduler.ppid() == server.pid
-        before = server.group.read_stat()
-        time.sleep(0.5)
-        assert server.group.read_stat().nr_periods >= before.nr_periods
+        monitors = RunMonitors(server.pid, server.group, gpu=False)
+        try:
+            monitors.start_window()
+            time.sleep(0.5)
+            figures = monitors.stop_window()
+        finally:
+            monitors.stop()
     finally:
         server.stop()
+    processes = figures["processes"]
+    assert (processes["main_pid"], processes["scheduler_pid"]) == (
+        server.pid,
+        found.scheduler.pid,
+    )
+    assert {server.pid, found.scheduler.pid} <= set(processes["group_pids_at_start"])
+    # The cgroup read is the container's: the quota docker run was given.
+    assert figures["cgroup"]["quota"]["cores"] == pytest.approx(1.0)
 
 
 @pytest.mark.docker

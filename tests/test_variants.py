@@ -7,6 +7,7 @@ pytest's cache directory (``.pytest_cache/d/``), so later runs need no network.
 from __future__ import annotations
 
 import ast
+import difflib
 import logging
 import os
 import subprocess
@@ -21,7 +22,7 @@ import torch
 from study_helpers import git
 
 from serving_study.sources.fetch import fetch_source
-from serving_study.sources.files import file_sha256
+from serving_study.sources.files import file_sha256, tree_sha256
 from serving_study.sources.source_errors import SourceMismatch
 from serving_study.sources.variants import (
     PatchDoesNotApply,
@@ -49,18 +50,55 @@ def patched_0_5_23(sglang_0_5_23, tmp_path_factory) -> tuple[Path, dict]:
     return variants, patched_variant(tree, source, variants / "patched")
 
 
+def changed_lines(before: str, after: str) -> tuple[list[str], list[str]]:
+    """The lines that went from ``before`` to ``after``: removed, added, in order."""
+    diff = difflib.unified_diff(before.splitlines(), after.splitlines(), n=0)
+    removed, added = [], []
+    for line in list(diff)[2:]:  # past the ---/+++ header
+        if not line.startswith("@@"):
+            (removed if line.startswith("-") else added).append(line[1:])
+    return removed, added
+
+
+def patch_lines(patch: Path) -> tuple[list[str], list[str]]:
+    """The lines a one-file patch removes and adds, in order."""
+    hunks = patch.read_text().split("\n@@", 1)[1].splitlines()[1:]
+    removed = [line[1:] for line in hunks if line.startswith("-")]
+    added = [line[1:] for line in hunks if line.startswith("+")]
+    return removed, added
+
+
+def files_under(root: Path, folder: str) -> list[Path]:
+    """Every file in ``root``'s ``folder``, relative to ``root``."""
+    return sorted(
+        p.relative_to(root) for p in (root / folder).rglob("*") if p.is_file()
+    )
+
+
 def test_the_pr48881_patch_changes_only_the_copy(sglang_0_5_23, patched_0_5_23):
     tree, source = sglang_0_5_23
     variants, identity = patched_0_5_23
-    source_text = (tree / MM_UTILS).read_text()
+    variant = variants / "patched"
 
-    patched = variants / "patched" / MM_UTILS
-    text = patched.read_text()
-    assert PATCHED_LINE in text
-    assert "dst.copy_(" not in text and "dst.copy_(" in source_text
-    assert (tree / MM_UTILS).read_text() == source_text  # the source is untouched
-    assert identity["mm_utils_sha256"] == file_sha256(patched)
-    assert identity["mm_utils_sha256"] != file_sha256(tree / MM_UTILS)
+    # The source is still as fetched: its files' digest is the one recorded then.
+    assert tree_sha256(tree / "python") == source["tree_sha256"]
+    # The variant holds every file of the source, all alike but mm_utils.py ...
+    files = files_under(tree, "python")
+    assert files_under(variant, "python") == files
+    unlike = [
+        path
+        for path in files
+        if not os.path.samefile(tree / path, variant / path)
+        and file_sha256(tree / path) != file_sha256(variant / path)
+    ]
+    assert unlike == [Path(MM_UTILS)]
+    # ... and in that file only the lines of the patch's hunk: the copy itself.
+    text = (variant / MM_UTILS).read_text()
+    assert changed_lines((tree / MM_UTILS).read_text(), text) == patch_lines(
+        REPOSITORY / PATCH
+    )
+    assert PATCHED_LINE in text and "dst.copy_(" not in text
+    assert identity["mm_utils_sha256"] == file_sha256(variant / MM_UTILS)
     assert identity["patch"] == {
         "file": PATCH,
         "sha256": file_sha256(REPOSITORY / PATCH),

@@ -9,11 +9,13 @@ import json
 import os
 import platform
 import subprocess
+import zipfile
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 from study_helpers import leaked_segments, snakemake_command
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -48,10 +50,18 @@ def test_every_run_is_measured_and_valid(finished_study):
         metrics = json.loads((run / "metrics.json").read_text())
         assert metrics["valid"], metrics["invalid_reasons"]
         assert metrics["requests_completed"] == 12
-        assert metrics["throughput_rps"] > 0
         lines = (run / "requests.jsonl").read_text().splitlines()
-        phases = [json.loads(line)["phase"] for line in lines]
+        records = [json.loads(line) for line in lines]
+        phases = [record["phase"] for record in records]
         assert phases.count("warmup") == 4 and phases.count("measured") == 12
+        # The rate is the run's own requests: the measured ones over their window,
+        # from the first one sent to the last one answered (no warm-up in it).
+        window = [record for record in records if record["phase"] == "measured"]
+        first_sent = min(record["sent_s"] for record in window)
+        last_answered = max(record["end_s"] for record in window)
+        assert metrics["throughput_rps"] == pytest.approx(
+            12 / (last_answered - first_sent)
+        )
         provenance = json.loads((run / "provenance.json").read_text())
         assert provenance["variant"]["name"] == arm
         assert provenance["leaked_segments_removed"] == []
@@ -121,13 +131,50 @@ def test_variants_differ_only_by_the_patch(finished_study):
     assert original["mm_utils_sha256"] != patched["mm_utils_sha256"]
 
 
-def test_tables_and_report_page(finished_study):
+class VerdictItems(HTMLParser):
+    """The report page's verdicts: (class, text) of each item of its verdict list."""
+
+    def __init__(self):
+        super().__init__()
+        self.items: list[tuple[str, str]] = []
+        self.in_list = self.in_item = False
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "ul" and ("class", "verdicts") in attrs:
+            self.in_list = True
+        elif tag == "li" and self.in_list:
+            self.in_item = True
+            self.items.append((dict(attrs).get("class", ""), ""))
+
+    def handle_endtag(self, tag):
+        if tag == "ul":
+            self.in_list = False
+        elif tag == "li":
+            self.in_item = False
+
+    def handle_data(self, data):
+        if self.in_item:
+            css, text = self.items[-1]
+            self.items[-1] = (css, text + data)
+
+
+def test_the_report_page_states_each_claims_verdict_from_the_tables(finished_study):
     results = finished_study / "results" / EXPERIMENT
     arms = pd.read_csv(results / "tables" / "arms.csv")
     assert set(arms["arm"]) == {"original", "patched"}
+    (claim,) = pd.read_csv(results / "tables" / "claims.csv").to_dict("records")
+    # The test config's one claim: both arms' throughput medians within 90%.
+    (stated,) = yaml.safe_load(CONFIG.read_text())["claims"]
+    throughput = arms[arms["metric"] == "throughput_rps"].set_index("arm")["median"]
+    spread = throughput.max() / throughput.min() - 1
+    assert (claim["claim"], claim["value"]) == (stated["name"], pytest.approx(spread))
+    holds = spread <= stated["tolerance"]
+    assert claim["verdict"] == ("holds" if holds else "does not hold")
     html = (results / "report.html").read_text()
-    HTMLParser().feed(html)
-    assert "both-serve" in html or "Both copies serve" in html
+    page = VerdictItems()
+    page.feed(html)
+    css = "holds" if holds else "does-not-hold"
+    assert page.items == [(css, f"{claim['sentence']}.")]
     assert 'src="http' not in html
 
 
@@ -138,7 +185,18 @@ def test_nothing_left_to_do_and_snakemake_report_builds(finished_study):
     report = finished_study / "snakemake-report.zip"
     built = snakemake(finished_study, "--report", str(report))
     assert built.returncode == 0, built.stderr[-3000:]
-    assert report.stat().st_size > 0
+    # It carries the study's page, figures and tables as the workflow wrote them.
+    results = finished_study / "results" / EXPERIMENT
+    items = [results / "report.html", *(results / "figures").glob("*.html")]
+    with zipfile.ZipFile(report) as archive:
+        assert archive.testzip() is None
+        carried = {
+            Path(name).name: archive.read(name)
+            for name in archive.namelist()
+            if "/data/raw/" in name
+        }
+        assert "snakemake-report/report.html" in archive.namelist()
+    assert carried == {item.name: item.read_bytes() for item in items}
 
 
 def test_nothing_of_the_runs_is_left_on_the_host(finished_study):

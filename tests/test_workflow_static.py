@@ -92,12 +92,37 @@ def test_naming_one_run_schedules_only_that_run_and_what_it_lacks(tmp_path):
     }
 
 
-def test_dry_run_of_b1_names_the_pull_request_variant():
+def planned_job_fields(output: str) -> list[tuple[str, dict[str, str]]]:
+    """Each job of a dry run's plan, in order: its rule and its fields as Snakemake
+    prints them (input, output, wildcards, ...)."""
+    jobs: list[tuple[str, dict[str, str]]] = []
+    for line in output.splitlines():
+        if line.startswith(("rule ", "localrule ")):
+            jobs.append((line.split()[1].rstrip(":"), {}))
+        elif jobs and line.startswith("    ") and ": " in line:
+            key, value = line.strip().split(": ", 1)
+            jobs[-1][1][key] = value
+    return jobs
+
+
+def test_b1s_pull_request_variant_is_prepared_from_its_own_source():
+    import yaml
+
+    b1 = yaml.safe_load((ROOT / "config/b1.yaml").read_text())
+    (variant,) = [v for v in b1["variants"] if v["name"] == "pr48881"]
+    source = variant["source"]
     finished = snakemake(
         "-n", "results/variants/pr48881.json", "--configfile", "config/b1.yaml"
     )
     assert finished.returncode == 0, finished.stderr
-    assert "prepare_variant" in finished.stdout + finished.stderr
+    jobs = planned_job_fields(finished.stdout)
+    assert [(rule, fields["wildcards"]) for rule, fields in jobs] == [
+        ("fetch_source", f"source={source}"),
+        ("prepare_variant", "variant=pr48881"),
+    ]
+    prepare = jobs[1][1]
+    assert prepare["input"] == f"resources/sources/{source}/identity.json"
+    assert prepare["output"].split(", ")[0] == "results/variants/pr48881.json"
 
 
 def test_profiles_parse():
