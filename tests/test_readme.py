@@ -503,3 +503,117 @@ def test_real_server_fix_figures_in_the_readme_match_the_committed_tables():
             assert f'{claim.value:.2f}x against "{claim.bound}"' in line, claim.claim
         else:
             assert f"spread {100 * claim.value:.1f}%" in line, claim.claim
+
+
+def test_the_default_results_page_matches_its_tables():
+    """Every figure of docs/results/embedded-b1/README.md is in its tables."""
+    import pandas as pd
+
+    medians = {
+        metric: arm_figures(DEFAULT, metric)["median"]
+        for metric in (
+            "throughput_rps",
+            "main_cpu_ms_per_request",
+            "other_threads_cpu_percent",
+        )
+    }
+    rps, cpu, others = medians.values()
+    claims = pd.read_csv(DEFAULT / "tables" / "claims.csv").set_index("claim")
+    runs = pd.read_csv(DEFAULT / "tables" / "runs.csv")
+    text = flat((DEFAULT / "README.md").read_text())
+    shape = f"{runs['arm'].nunique()} arms x {runs['run'].nunique()}"
+    assert f"{len(runs)} runs ({shape}," in text and runs["valid"].all()
+    assert f"A serves {rps['A']:.1f} req/s" in text
+    for arm in ("B", "C", "A-passive", "A-spin0", "D"):
+        assert f"({arm} {rps[arm]:.1f})" in text or f"{arm} {rps[arm]:.1f})" in text
+    recovers = claims.loc[
+        [
+            "thread-cap-recovers-throughput",
+            "patch-recovers-throughput",
+            "passive-wait-recovers-throughput",
+            "no-spin-recovers-throughput",
+        ]
+    ]
+    assert (recovers["verdict"] == "holds").all()
+    low, high = recovers["value"].min(), recovers["value"].max()
+    assert (
+        f"by {low:.2f}x to {high:.2f}x, and each claim stated before the run holds"
+        in text
+    )
+    assert f"take {others['A']:.1f}% of a core of the 0.5-core quota" in text
+    waits = sorted([others["A-passive"], others["A-spin0"]])
+    assert f"they take {waits[0]:.1f}-{waits[1]:.1f}%" in text
+    assert f"{rps['A-free']:.1f}" == f"{rps['C-free']:.1f}"
+    assert f"both copies serve {rps['A-free']:.1f} req/s" in text
+    cost = claims.loc["original-costs-cpu-without-quota"]
+    assert (
+        f"costs {cpu['A-free']:.1f} ms of CPU per request against "
+        f"{cpu['C-free']:.1f} ms for the patched copy ({cost['value']:.2f}x), "
+        f"its worker using {others['A-free']:.1f}% of a core"
+    ) in text
+    assert f"asked for {cost['bound']}" in text
+    assert f"and {cost['verdict']} here" in text
+    fixed = cpu[["B", "C", "D", "A-passive", "A-spin0"]]
+    assert (
+        f"({fixed.min():.1f} to {fixed.max():.1f} ms, against {cpu['A']:.1f} ms in A)"
+        in text
+    )
+
+
+def test_the_real_server_fixes_results_page_matches_its_tables():
+    """Every figure of docs/results/sglang-cpu-fixes/README.md is in its tables."""
+    import pandas as pd
+
+    rps = arm_figures(FIXES_ON_CPU, "throughput_rps")["median"]
+    cpu = arm_figures(FIXES_ON_CPU, "main_cpu_ms_per_request")["median"]
+    others = arm_figures(FIXES_ON_CPU, "other_threads_cpu_percent")["median"]
+    claims = pd.read_csv(FIXES_ON_CPU / "tables" / "claims.csv").set_index("claim")
+    runs = pd.read_csv(FIXES_ON_CPU / "tables" / "runs.csv")
+    text = flat((FIXES_ON_CPU / "README.md").read_text())
+    shape = f"{runs['arm'].nunique()} arms x {runs['run'].nunique()}"
+    assert f"{len(runs)} runs ({shape}," in text and runs["valid"].all()
+
+    def ratio(claim: str) -> str:
+        return f"{claims.loc[claim, 'value']:.2f}x"
+
+    assert (
+        f"Against A-main's {rps['A-main']:.2f} req/s, the passive policy gives "
+        f"{ratio('passive-wait-recovers-main-process')}, the cap "
+        f"{ratio('thread-cap-recovers-main-process')}, a zero spin count "
+        f"{ratio('no-spin-recovers-main-process')} and the patch "
+        f"{ratio('patch-recovers-main-process')}"
+    ) in text
+    for claim in (
+        "passive-wait-recovers-main-process",
+        "thread-cap-recovers-main-process",
+        "no-spin-recovers-main-process",
+        "patch-recovers-main-process",
+    ):
+        row = claims.loc[claim]
+        assert (row["bound"], row["verdict"]) == ("at least 1.2x", "holds"), claim
+        assert paired_count(row["detail"]) == "2 of 2", claim
+    cost = claims.loc["original-costs-cpu-without-quota"]
+    assert (
+        f"spends {cpu['A-free']:.1f} ms of CPU per request against "
+        f"{cpu['C-free']:.1f} ms ({cost['value']:.2f}x; the claim of "
+        f"{cost['bound']} {cost['verdict']})"
+    ) in text
+    assert (
+        f"serves {rps['C-torch']:.2f} req/s with default threads, "
+        f"{rps['C-torch-cap']:.2f} with the cap and {rps['C-torch-passive']:.2f} "
+        "with the passive policy"
+    ) in text
+    cap, passive = (
+        claims.loc["cap-keeps-torch-preprocessing"],
+        claims.loc["passive-keeps-torch-preprocessing"],
+    )
+    assert cap["verdict"] == passive["verdict"] == "does not hold"
+    assert (
+        f"the fixes are {100 * cap['value']:.0f}% and {100 * passive['value']:.0f}% "
+        "faster"
+    ) in text
+    quota = others.drop(["A-free", "C-free"])
+    assert (
+        f"is {quota.min():.1f}-{quota.max():.1f}% of a core under the quota "
+        "in every arm" in text
+    )
