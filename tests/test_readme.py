@@ -617,3 +617,72 @@ def test_the_real_server_fixes_results_page_matches_its_tables():
         f"is {quota.min():.1f}-{quota.max():.1f}% of a core under the quota "
         "in every arm" in text
     )
+
+
+def test_the_gpu_host_findings_are_the_tables_figures():
+    """The results page's findings, each figure from its tables, and the repeat
+    against the earlier run's committed tables."""
+    import pandas as pd
+
+    def medians(metric: str):
+        return arm_figures(GPU_HOST, metric)["median"]
+
+    rps, cpu = medians("throughput_rps"), medians("main_cpu_ms_per_request")
+    throttled, main = medians("throttled_share"), medians("main_cpu_percent")
+    claims = gpu_host_claims()
+    ratios = pd.read_csv(GPU_HOST / "tables" / "ratios.csv").set_index("claim")
+    fixes = pd.read_csv(GPU_HOST / "tables" / "fixes.csv").set_index("arm")
+    text = flat(
+        section(
+            GPU_HOST / "README.md",
+            "## Verdicts (bounds stated in the config before the run)",
+        )
+    )
+    halves = ratios.loc["fan-out-halves-throughput"]
+    assert (
+        f"(A/C {halves['ratio_of_medians']:.3f}, blocks "
+        f"{halves['block_ratio_min']:.2f}-{halves['block_ratio_max']:.2f})" in text
+    )
+    patch, cap = (
+        claims.loc["patch-recovers-throughput", "value"],
+        claims.loc["thread-cap-recovers-throughput", "value"],
+    )
+    assert f"C/A and B/A are {patch:.2f}x and {cap:.2f}x" in text
+    assert f"throttled in {100 * throttled['A']:.0f}% of periods" in text
+    assert (
+        f"burns {cpu['A']:.0f} ms of CPU per request against {cpu['C']:.0f} ms in C"
+        in text
+    )
+    assert (
+        f"`OMP_WAIT_POLICY=PASSIVE` ({rps['A-passive']:.1f} req/s) and "
+        f"`GOMP_SPINCOUNT=0` ({rps['A-spin0']:.1f}) serve what the patch "
+        f"({rps['C']:.1f}) and the thread cap ({rps['B']:.1f}) serve" in text
+    )
+    waiting = max(throttled["A-passive"], throttled["A-spin0"])
+    assert f"so {100 * waiting:.0f}% of periods are throttled" in text
+    waits = fixes.loc[["A-passive", "A-spin0"], "other_threads_cpu_percent"]
+    assert "about 10% of a core" in text and (abs(waits - 10) < 1).all()
+    assert (fixes.loc[["B", "C"], "other_threads_cpu_percent"] < 0.5).all()
+    cost = claims.loc["original-costs-cpu-without-quota", "value"]
+    assert f"uses {main['A-free']:.0f}% CPU, {cost:.1f}x the patched copy's" in text
+    a = arm_figures(GPU_HOST, "throughput_rps").loc["A"]
+    assert f"A ranged {a['min']:.1f}-{a['max']:.1f} req/s" in text
+    others = arm_figures(GPU_HOST, "throughput_rps").drop("A")
+    widest = ((others["max"] - others["min"]) / others["median"]).max()
+    assert "others within about 3%" in text and widest < 0.035
+    earlier = GPU_HOST / "earlier-2026-11-30"
+    before = pd.read_csv(earlier / "arms.csv")
+    before_a = before[
+        (before["arm"] == "A") & (before["metric"] == "throughput_rps")
+    ].iloc[0]["median"]
+    before_ratio = (
+        pd.read_csv(earlier / "claims.csv")
+        .set_index("claim")
+        .loc["fan-out-halves-throughput", "value"]
+    )
+    now_ratio = claims.loc["fan-out-halves-throughput", "value"]
+    assert f"gave A {before_a:.1f} and A/C {before_ratio:.2f}" in text
+    assert (
+        f"moved A by {100 * (before_a - rps['A']) / before_a:.1f}% and A/C by "
+        f"{before_ratio - now_ratio:.3f}" in text
+    )
