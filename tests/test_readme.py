@@ -686,3 +686,65 @@ def test_the_gpu_host_findings_are_the_tables_figures():
         f"moved A by {100 * (before_a - rps['A']) / before_a:.1f}% and A/C by "
         f"{before_ratio - now_ratio:.3f}" in text
     )
+
+
+def test_the_real_server_findings_are_the_tables_figures():
+    """docs/results/sglang-cpu/README.md's prose figures, each from its tables."""
+    import json
+
+    import pandas as pd
+
+    split = pd.read_csv(SGLANG_CPU / "tables" / "real_server.csv").set_index("arm")
+    claims = pd.read_csv(SGLANG_CPU / "tables" / "claims.csv").set_index("claim")
+    rps, throttled = arm_medians("throughput_rps"), arm_medians("throttled_share")
+    scheduler_share = arm_medians("scheduler_cpu_percent")
+    text = flat((SGLANG_CPU / "README.md").read_text())
+    walls = [
+        json.loads(path.read_text())["wall_s"]
+        for path in (SGLANG_CPU / "runs").glob("*/run*/provenance.json")
+    ]
+    minutes, seconds = divmod(round(sum(walls)), 60)
+    assert f"Its {len(walls)} runs, each on a fresh server, took {minutes} min " in text
+    assert f"{seconds} s together" in text
+
+    def span(values, digits: int) -> str:
+        return f"{values.min():.{digits}f}-{values.max():.{digits}f}"
+
+    whole, main_only = ["A", "B", "C", "D"], ["A-main", "B-main", "C-main", "D-main"]
+    starts = span(split.loc[whole, "start_to_healthy_s"], 1)
+    scheduler = span(split.loc[whole, "scheduler_cpu_ms_per_request"], 0)
+    assert (
+        f"The whole-server arms (A-D) take {starts} s to start. Their scheduler "
+        f"costs {scheduler} ms" in text
+    )
+    assert (
+        f"at {span(split.loc[whole, 'scheduler_cpu_ms_per_request'], 0)} ms of CPU per "
+        f"request, against {span(split.loc[whole, 'main_cpu_ms_per_request'], 0)} ms "
+        "in the main process" in text
+    )
+    assert "about 95% of the 1-core quota" in text
+    assert (abs(scheduler_share[whole] - 95) < 2).all()
+    assert f"A {rps['A']:.2f} and C {rps['C']:.2f} req/s" in text
+    assert f"(B {rps['B']:.2f}, D {rps['D']:.2f})" in text
+    assert f"throttled in {span(100 * throttled[main_only], 0)}% of periods" in text
+    main = split["main_cpu_ms_per_request"]
+    patch = claims.loc["patch-recovers-main-process", "value"]
+    assert (
+        f"costs the main process {main['A-main']:.1f} ms of CPU per request against "
+        f"{main['C-main']:.1f} ms for the patched copy, and C-main serves "
+        f"{patch:.2f}x A-main" in text
+    )
+    cap = claims.loc["thread-cap-recovers-main-process", "value"]
+    assert f"(B-main {cap:.2f}x)" in text
+    assert (
+        f"(D-main {rps['D-main']:.2f} against C-main {rps['C-main']:.2f} req/s)" in text
+    )
+    assert f"({span(split.loc[main_only, 'shm_copy_cpu_ms'], 1)} ms per image)" in text
+    processor = split.loc[main_only, "processor_cpu_ms"]
+    assert (
+        f"next costs {processor['A-main']:.1f} ms, against "
+        f"{span(processor.drop('A-main'), 1)} ms in the other arms" in text
+    )
+    rest = split.loc[main_only, "rest_cpu_ms"]
+    assert f"about {span(rest, 0)} ms of HTTP" in text
+    assert f"Servers take {span(split['start_to_healthy_s'], 0)} s from start" in text
