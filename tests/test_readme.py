@@ -417,6 +417,16 @@ def test_the_real_server_results_page_matches_the_committed_tables():
 DEFAULT = ROOT / "docs" / "results" / "embedded-b1"
 
 
+def runs_wall_s(results: Path) -> float:
+    """A results page's runs' wall times, summed from their provenance."""
+    import json
+
+    return sum(
+        json.loads(path.read_text())["wall_s"]
+        for path in (results / "runs").glob("*/run*/provenance.json")
+    )
+
+
 def default_run_medians():
     return lambda metric: arm_figures(DEFAULT, metric)
 
@@ -430,6 +440,8 @@ def test_default_run_figures_in_the_readme_match_the_committed_tables():
     cpu = summary("main_cpu_ms_per_request")["median"]
     others = summary("other_threads_cpu_percent")["median"]
     text = section(README, "## What the default run shows")
+    minutes, seconds = divmod(round(runs_wall_s(DEFAULT)), 60)
+    assert f"all valid, {minutes} min {seconds} s of runs;" in flat(text)
     rows = [row for row in markdown_rows(text) if len(row) == 6]
     assert {row[0] for row in rows} == set(throughput.index)
     for arm, _, rps, latency, per_request, other in rows:
@@ -523,6 +535,8 @@ def test_the_default_results_page_matches_its_tables():
     text = flat((DEFAULT / "README.md").read_text())
     shape = f"{runs['arm'].nunique()} arms x {runs['run'].nunique()}"
     assert f"{len(runs)} runs ({shape}," in text and runs["valid"].all()
+    minutes, seconds = divmod(round(runs_wall_s(DEFAULT)), 60)
+    assert f"the runs took {minutes} min {seconds} s together" in text
     assert f"A serves {rps['A']:.1f} req/s" in text
     for arm in ("B", "C", "A-passive", "A-spin0", "D"):
         assert f"({arm} {rps[arm]:.1f})" in text or f"{arm} {rps[arm]:.1f})" in text
@@ -572,6 +586,8 @@ def test_the_real_server_fixes_results_page_matches_its_tables():
     text = flat((FIXES_ON_CPU / "README.md").read_text())
     shape = f"{runs['arm'].nunique()} arms x {runs['run'].nunique()}"
     assert f"{len(runs)} runs ({shape}," in text and runs["valid"].all()
+    minutes, seconds = divmod(round(runs_wall_s(FIXES_ON_CPU)), 60)
+    assert f"the runs took {minutes} min {seconds} s together" in text
 
     def ratio(claim: str) -> str:
         return f"{claims.loc[claim, 'value']:.2f}x"
@@ -690,7 +706,6 @@ def test_the_gpu_host_findings_are_the_tables_figures():
 
 def test_the_real_server_findings_are_the_tables_figures():
     """docs/results/sglang-cpu/README.md's prose figures, each from its tables."""
-    import json
 
     import pandas as pd
 
@@ -699,12 +714,9 @@ def test_the_real_server_findings_are_the_tables_figures():
     rps, throttled = arm_medians("throughput_rps"), arm_medians("throttled_share")
     scheduler_share = arm_medians("scheduler_cpu_percent")
     text = flat((SGLANG_CPU / "README.md").read_text())
-    walls = [
-        json.loads(path.read_text())["wall_s"]
-        for path in (SGLANG_CPU / "runs").glob("*/run*/provenance.json")
-    ]
-    minutes, seconds = divmod(round(sum(walls)), 60)
-    assert f"Its {len(walls)} runs, each on a fresh server, took {minutes} min " in text
+    runs = len(list((SGLANG_CPU / "runs").glob("*/run*/provenance.json")))
+    minutes, seconds = divmod(round(runs_wall_s(SGLANG_CPU)), 60)
+    assert f"Its {runs} runs, each on a fresh server, took {minutes} min " in text
     assert f"{seconds} s together" in text
 
     def span(values, digits: int) -> str:
