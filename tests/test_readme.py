@@ -760,3 +760,37 @@ def test_the_real_server_findings_are_the_tables_figures():
     rest = split.loc[main_only, "rest_cpu_ms"]
     assert f"about {span(rest, 0)} ms of HTTP" in text
     assert f"Servers take {span(split['start_to_healthy_s'], 0)} s from start" in text
+
+
+@pytest.mark.parametrize(
+    ("heading", "results", "shown"),
+    [
+        ("## On a GPU host", GPU_HOST, "{arms} arms x {runs} runs, all valid"),
+        (
+            "## SGLang's real server on CPU",
+            SGLANG_CPU,
+            "{runs} runs per arm, all {total} valid",
+        ),
+        (
+            "## Every fix on the real server",
+            FIXES_ON_CPU,
+            "{arms} arms x {runs} runs, all valid",
+        ),
+        (
+            "## What the default run shows",
+            DEFAULT,
+            "{arms} arms x {runs} runs, all valid",
+        ),
+    ],
+)
+def test_the_readme_counts_each_experiments_runs(heading, results, shown):
+    import pandas as pd
+
+    runs = pd.read_csv(results / "tables" / "runs.csv")
+    assert runs["valid"].all()
+    counts = {
+        "arms": runs["arm"].nunique(),
+        "runs": runs["run"].nunique(),
+        "total": len(runs),
+    }
+    assert shown.format(**counts) in flat(section(README, heading))
