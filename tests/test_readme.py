@@ -427,6 +427,21 @@ def runs_wall_s(results: Path) -> float:
     )
 
 
+def runs_stated_on_the_page(results: Path, text: str) -> bool:
+    """Whether a results page states its runs as its tables hold them: how many, of
+    how many arms and runs each, all valid, and their summed wall time."""
+    import pandas as pd
+
+    runs = pd.read_csv(results / "tables" / "runs.csv")
+    shape = f"{runs['arm'].nunique()} arms x {runs['run'].nunique()}"
+    minutes, seconds = divmod(round(runs_wall_s(results)), 60)
+    return (
+        runs["valid"].all()
+        and f"{len(runs)} runs ({shape}," in text
+        and f"the runs took {minutes} min {seconds} s together" in text
+    )
+
+
 def default_run_medians():
     return lambda metric: arm_figures(DEFAULT, metric)
 
@@ -531,12 +546,8 @@ def test_the_default_results_page_matches_its_tables():
     }
     rps, cpu, others = medians.values()
     claims = pd.read_csv(DEFAULT / "tables" / "claims.csv").set_index("claim")
-    runs = pd.read_csv(DEFAULT / "tables" / "runs.csv")
     text = flat((DEFAULT / "README.md").read_text())
-    shape = f"{runs['arm'].nunique()} arms x {runs['run'].nunique()}"
-    assert f"{len(runs)} runs ({shape}," in text and runs["valid"].all()
-    minutes, seconds = divmod(round(runs_wall_s(DEFAULT)), 60)
-    assert f"the runs took {minutes} min {seconds} s together" in text
+    assert runs_stated_on_the_page(DEFAULT, text)
     assert f"A serves {rps['A']:.1f} req/s" in text
     for arm in ("B", "C", "A-passive", "A-spin0", "D"):
         assert f"({arm} {rps[arm]:.1f})" in text or f"{arm} {rps[arm]:.1f})" in text
@@ -582,12 +593,8 @@ def test_the_real_server_fixes_results_page_matches_its_tables():
     cpu = arm_figures(FIXES_ON_CPU, "main_cpu_ms_per_request")["median"]
     others = arm_figures(FIXES_ON_CPU, "other_threads_cpu_percent")["median"]
     claims = pd.read_csv(FIXES_ON_CPU / "tables" / "claims.csv").set_index("claim")
-    runs = pd.read_csv(FIXES_ON_CPU / "tables" / "runs.csv")
     text = flat((FIXES_ON_CPU / "README.md").read_text())
-    shape = f"{runs['arm'].nunique()} arms x {runs['run'].nunique()}"
-    assert f"{len(runs)} runs ({shape}," in text and runs["valid"].all()
-    minutes, seconds = divmod(round(runs_wall_s(FIXES_ON_CPU)), 60)
-    assert f"the runs took {minutes} min {seconds} s together" in text
+    assert runs_stated_on_the_page(FIXES_ON_CPU, text)
 
     def ratio(claim: str) -> str:
         return f"{claims.loc[claim, 'value']:.2f}x"
