@@ -25,6 +25,7 @@ from study_helpers import leaked_segments
 from serving_study.config.records import (
     Arm,
     ClientSettings,
+    HostSharing,
     MonitorSettings,
     ServerSettings,
     Variant,
@@ -106,7 +107,19 @@ def run_paths(directory: Path) -> RunPaths:
     return RunPaths.in_directory(directory)
 
 
-def run(variant: dict, workload: Path, directory: Path, arm: Arm = ARM) -> dict:
+# These runs prove teardown, failures and secrets, not the host-load check
+# (test_host_load.py proves that): on a busy CI host, other work would make a
+# healthy run invalid, so their runs are not judged by the host's other load.
+SHARING = HostSharing.from_config({"max_other_load_cores": 4096})
+
+
+def run(
+    variant: dict,
+    workload: Path,
+    directory: Path,
+    arm: Arm = ARM,
+    sharing: HostSharing = SHARING,
+) -> dict:
     return run_arm(
         experiment="faults",
         arm=arm,
@@ -117,6 +130,7 @@ def run(variant: dict, workload: Path, directory: Path, arm: Arm = ARM) -> dict:
         client=CLIENT,
         monitors=MONITORS,
         paths=run_paths(directory),
+        sharing=sharing,
     )
 
 
@@ -180,6 +194,26 @@ def test_a_healthy_run_is_valid_and_leaves_nothing(variant, workload, tmp_path):
     metrics = run(variant, workload, tmp_path)
     assert metrics["valid"], metrics["invalid_reasons"]
     assert metrics["requests_completed"] == 40
+    assert_nothing_left(tmp_path)
+
+
+def test_a_run_beside_other_work_is_invalid_for_the_hosts_load(
+    variant, workload, tmp_path
+):
+    # Two processes that spin on this 2-CPU host's cores for the whole run: under
+    # the default bound of 0.5 other cores, the run cannot count as measured alone.
+    spinners = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)
+    ]
+    try:
+        metrics = run(variant, workload, tmp_path, sharing=HostSharing.from_config({}))
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+    assert not metrics["valid"]
+    (reason,) = [r for r in metrics["invalid_reasons"] if "other work" in r]
+    assert "above the allowed 0.5 (host_sharing.max_other_load_cores)" in reason
     assert_nothing_left(tmp_path)
 
 
