@@ -64,7 +64,7 @@ def quota_value(cores: float | None) -> float | str:
     return NO_QUOTA if cores is None else cores
 
 
-def _config_values(section: Mapping, names: Iterable[str], *keys: str) -> dict:
+def config_values(section: Mapping, names: Iterable[str], *keys: str) -> dict:
     """``section``'s value of each of ``names``, the key path ``keys`` of the schema
     saying what one it lacks takes: the default, or None where the schema gives
     none. A required key that is missing is an error.
@@ -87,13 +87,6 @@ def _config_values(section: Mapping, names: Iterable[str], *keys: str) -> dict:
         else copy.deepcopy(properties.get(name, {}).get("default"))
         for name in names
     }
-
-
-def config_values(section: Mapping, names: Iterable[str], *keys: str) -> dict:
-    """``_config_values`` for a record built outside this module (the report's
-    settings): ``section``'s value of each of ``names``, the schema's default for
-    one it lacks; no ``keys`` reads the config's top level."""
-    return _config_values(section, names, *keys)
 
 
 def _field_names(record: type) -> tuple[str, ...]:
@@ -130,7 +123,7 @@ class Arm:
 
     @classmethod
     def from_config(cls, section: Mapping) -> Arm:
-        values = _config_values(section, _field_names(cls), "arms")
+        values = config_values(section, _field_names(cls), "arms")
         threads = values["intra_op_threads"]
         return cls(
             name=str(values["name"]),
@@ -205,7 +198,7 @@ class Workload:
 
     @classmethod
     def from_config(cls, section: Mapping) -> Workload:
-        values = _config_values(section, _field_names(cls), "workloads")
+        values = config_values(section, _field_names(cls), "workloads")
         return cls(
             name=str(values["name"]),
             seed=int(values["seed"]),
@@ -261,18 +254,18 @@ class ServerSettings:
         device = None
         if engine == "embedded":
             section = config.get("embedded_engine", {})
-            sections["embedded"] = _config_values(
+            sections["embedded"] = config_values(
                 section, EMBEDDED_SERVER_KEYS, "embedded_engine"
             )
         else:
             section = config.get("sglang", {})
             keys = (*SGLANG_SERVER_KEYS, "device")
-            values = _given(_config_values(section, keys, "sglang"))
+            values = _given(config_values(section, keys, "sglang"))
             device = resolve_device(values.pop("device"))
             sections["sglang"] = values
         if runtime != "local":
             section = config.get("container", {})
-            values = _config_values(section, CONTAINER_SERVER_KEYS, "container")
+            values = config_values(section, CONTAINER_SERVER_KEYS, "container")
             sections["container"] = _given(values)
         snapshot = model_snapshot or {}
         return cls(
@@ -322,7 +315,7 @@ class ClientSettings:
 
     @classmethod
     def from_config(cls, section: Mapping) -> ClientSettings:
-        values = _config_values(section, _field_names(cls), "client")
+        values = config_values(section, _field_names(cls), "client")
         return cls(
             warmup_requests=int(values["warmup_requests"]),
             health_timeout_s=float(values["health_timeout_s"]),
@@ -346,7 +339,7 @@ class MonitorSettings:
 
     @classmethod
     def from_config(cls, section: Mapping) -> MonitorSettings:
-        values = _config_values(section, _field_names(cls), "monitors")
+        values = config_values(section, _field_names(cls), "monitors")
         if values["gpu"] not in GPU_SAMPLING:
             raise ValueError(f"monitors.gpu {values['gpu']!r}: one of auto, on, off")
         return cls(
@@ -376,7 +369,7 @@ class HostSharing:
 
     @classmethod
     def from_config(cls, section: Mapping) -> HostSharing:
-        values = _config_values(section, _field_names(cls), "host_sharing")
+        values = config_values(section, _field_names(cls), "host_sharing")
         if values["lock"] not in LOCK_MODES:
             raise ValueError(
                 f"host_sharing.lock {values['lock']!r}: one of {LOCK_MODES}"
