@@ -386,6 +386,7 @@ def test_the_rule_writes_every_arm_with_its_container(written_commands):
             assert container[-len(commands["server_argv"]) :] == commands["server_argv"]
             assert "--ipc=host" in container and "--network=host" in container
             assert flag_values(container, "--gpus") == ["all"]
+            assert flag_values(container, "--stop-signal") == ["SIGINT"]
             assert "localhost/serving-study-sglang:" + arm.variant in container
             # The runner puts the quota in force once the server is healthy.
             assert commands["quota_cores"] == 13.6

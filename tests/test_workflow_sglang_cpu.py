@@ -130,6 +130,15 @@ def test_nothing_of_the_servers_is_left(finished_study):
         )
 
 
+def test_each_server_stops_at_once_through_uvicorn_not_the_drain(finished_study):
+    # SIGTERM would start the tokenizer manager's drain, polled every 5 s.
+    for arm in ARMS:
+        server_log = run_files(finished_study, arm)["server_log"]
+        assert "SIGTERM received" not in server_log
+        assert "Shutting down" in server_log
+        assert "Finished server process" in server_log
+
+
 def test_the_report_names_the_real_server(finished_study):
     results = finished_study / "results" / EXPERIMENT
     report = (results / "report.html").read_text()

@@ -8,6 +8,7 @@ a server that never answers is stopped and the run fails with its log's tail.
 
 import logging
 import os
+import signal
 from pathlib import Path
 
 from serving_study.config.records import Arm, ClientSettings, ServerSettings, Variant
@@ -27,7 +28,7 @@ from serving_study.servers.container_commands import (
 from serving_study.servers.container_runtime import ContainerServer
 from serving_study.servers.environment import server_environment
 from serving_study.servers.local_runtime import LocalServer, free_port
-from serving_study.servers.sglang_commands import model_mount
+from serving_study.servers.sglang_commands import SGLANG_STOP_SIGNAL, model_mount
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,7 @@ def new_server(
             quota_during_startup=client.quota_during_startup,
             quota_scope=arm.quota_scope,
             terminate_leader_only=sglang,
+            stop_signal=SGLANG_STOP_SIGNAL if sglang else signal.SIGTERM,
         )
     mounts, writable_mounts = [], []
     if sglang:
@@ -83,6 +85,7 @@ def new_server(
         read_only_mounts=mounts,
         writable_mounts=writable_mounts,
         passed_environment=arm.secret_environment,
+        stop_signal=SGLANG_STOP_SIGNAL.name if sglang else None,
         **container_options(
             server_settings.container,
             sglang_platform(server_settings) if sglang else None,

@@ -147,6 +147,7 @@ def run_command(
     gpus: str | None = None,
     read_only_mounts: Sequence[tuple[str, str]] = (),
     writable_mounts: Sequence[tuple[str, str]] = (),
+    stop_signal: str | None = None,
 ) -> list[str]:
     """``docker run --detach`` (or ``podman run``) of ``command`` in ``image``.
 
@@ -155,6 +156,8 @@ def run_command(
     unused when ``ipc_host`` shares the host's. ``passed_environment`` names
     variables the container gets from the runtime client's environment (secrets:
     ``--env NAME``, so no value is on the command line or in its records).
+    ``stop_signal`` is what ``docker stop`` sends first (the image's, SIGTERM,
+    when None).
     """
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime {runtime!r} is not one of {RUNTIMES}")
@@ -178,6 +181,8 @@ def run_command(
     elif shm_size:
         argv += ["--shm-size", shm_size]
     argv += gpu_options(runtime, gpus)
+    if stop_signal is not None:
+        argv += ["--stop-signal", stop_signal]
     for host_path, container_path in read_only_mounts:
         argv += ["--volume", f"{host_path}:{container_path}:ro"]
     for host_path, container_path in writable_mounts:

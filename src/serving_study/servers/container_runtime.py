@@ -7,7 +7,7 @@ host processes, found from its init pid, and its cgroup is read where the runtim
 made it, so the monitors stay outside.
 
 Teardown is one ``stop()`` that leaves nothing behind: the container is stopped
-(SIGTERM, SIGKILL after a grace period), the shared-memory segments its
+(its stop signal, SIGKILL after a grace period), the shared-memory segments its
 processes left are listed and removed, and the container is removed.
 """
 
@@ -102,6 +102,7 @@ class ContainerServer:
         read_only_mounts: Sequence[tuple[str, str]] = (),
         writable_mounts: Sequence[tuple[str, str]] = (),
         passed_environment: Sequence[str] = (),
+        stop_signal: str | None = None,
     ):
         self.argv = argv
         self.environment = dict(environment)
@@ -127,6 +128,7 @@ class ContainerServer:
             gpus=gpus,
             read_only_mounts=list(read_only_mounts),
             writable_mounts=list(writable_mounts),
+            stop_signal=stop_signal,
         )
         self.container_id: str | None = None
         # The image the runtime says the container runs (its id), once started.

@@ -97,13 +97,16 @@ class LocalServer:
         quota_during_startup: bool,
         quota_scope: str = "server",
         terminate_leader_only: bool = False,
+        stop_signal: signal.Signals = signal.SIGTERM,
     ):
         if quota_scope not in QUOTA_SCOPES:
             raise ValueError(f"quota_scope {quota_scope!r}: one of {QUOTA_SCOPES}")
         self.quota_scope = quota_scope
-        # SGLang's main process stops its children itself; a SIGTERM to the whole
+        # SGLang's main process stops its children itself; a signal to the whole
         # group makes it take a dying child for a crash and wait 5 s for diagnostics.
         self.terminate_leader_only = terminate_leader_only
+        # What asks the server to stop (SIGKILL follows after the grace period).
+        self.stop_signal = stop_signal
         self.model_group: CpuQuotaGroup | None = None
         self.moved_model_pids: list[int] = []
         self.argv = argv
@@ -208,9 +211,9 @@ class LocalServer:
         if self.process.poll() is None:
             try:
                 if self.terminate_leader_only:
-                    self.process.send_signal(signal.SIGTERM)
+                    self.process.send_signal(self.stop_signal)
                 else:
-                    os.killpg(self.process.pid, signal.SIGTERM)
+                    os.killpg(self.process.pid, self.stop_signal)
             except ProcessLookupError:
                 pass
             try:

@@ -11,6 +11,7 @@ The model is mounted read-only into the container at ``/models/<name>``; the ser
 never reaches the Hugging Face Hub (``HF_HUB_OFFLINE=1``).
 """
 
+import signal
 from collections.abc import Mapping
 from pathlib import PurePosixPath
 
@@ -25,6 +26,10 @@ from serving_study.servers.container_commands import container_name, run_command
 from serving_study.sources.images import image_tag
 
 SERVER_MODULE = "sglang.launch_server"
+# SGLang's tokenizer manager answers SIGTERM with a drain that it polls every 5 s;
+# SIGINT reaches uvicorn, which stops at once (the server is idle by then), and
+# launch_server then stops its scheduler and detokenizer itself.
+SGLANG_STOP_SIGNAL = signal.SIGINT
 CONTAINER_MODELS_DIRECTORY = PurePosixPath("/models")
 
 
@@ -199,6 +204,7 @@ def arm_launch_commands(
             gpus="all" if platform.container_gpus else None,
             read_only_mounts=[(mount_source, mounted_at)],
             writable_mounts=[compile_cache(platform, in_container=True)],
+            stop_signal=SGLANG_STOP_SIGNAL.name,
         )
     return {
         "experiment": experiment,

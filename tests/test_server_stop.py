@@ -1,0 +1,106 @@
+"""How a server is asked to stop: the signal its kind of server answers at once.
+
+SGLang's main process takes SIGTERM as a request to drain, which it polls every
+5 s; SIGINT reaches uvicorn, which stops an idle server at once. The runner sends
+SGLang servers SIGINT (to the main process, which stops its children itself) and
+every other server SIGTERM (to its whole process group).
+"""
+
+import os
+import signal
+import sys
+import time
+
+import pytest
+
+from serving_study.servers.container_commands import run_command
+from serving_study.servers.local_runtime import LocalServer
+
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0, reason="a server's CPU quota is a cgroup only root can create"
+)
+
+SIGNAL_REPORTING_SERVER = """
+import multiprocessing, os, signal, time
+
+def report(signal_number, frame):
+    print(f"{multiprocessing.current_process().name} got "
+          f"{signal.Signals(signal_number).name}", flush=True)
+    os._exit(0)
+
+def child():
+    signal.signal(signal.SIGTERM, report)
+    signal.signal(signal.SIGINT, report)
+    time.sleep(600)
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, report)
+    signal.signal(signal.SIGINT, report)
+    multiprocessing.Process(target=child, name="child").start()
+    print("ready", flush=True)
+    time.sleep(600)
+"""
+
+
+def stopped_server_log(tmp_path, **stop_settings) -> str:
+    script = tmp_path / "server.py"
+    script.write_text(SIGNAL_REPORTING_SERVER)
+    server = LocalServer(
+        [sys.executable, str(script)],
+        dict(os.environ),
+        None,
+        f"stop-test-{os.getpid()}-{len(stop_settings)}",
+        tmp_path / "server.log",
+        quota_during_startup=False,
+        **stop_settings,
+    )
+    server.start()
+    try:
+        deadline = time.monotonic() + 30
+        while "ready" not in server.log_tail() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert "ready" in server.log_tail()
+    finally:
+        server.stop(grace_s=30)
+    return (tmp_path / "server.log").read_text()
+
+
+def test_an_sglang_server_gets_sigint_in_its_main_process_alone(tmp_path):
+    log = stopped_server_log(
+        tmp_path, terminate_leader_only=True, stop_signal=signal.SIGINT
+    )
+    assert "MainProcess got SIGINT" in log
+    assert "child got" not in log  # the main process stops its children itself
+
+
+def test_other_servers_get_sigterm_in_every_process(tmp_path):
+    log = stopped_server_log(tmp_path)
+    assert "MainProcess got SIGTERM" in log
+    assert "child got SIGTERM" in log
+
+
+def test_a_container_is_stopped_with_the_signal_it_was_given():
+    argv = run_command(
+        runtime="docker",
+        image="sha256:" + "0" * 64,
+        command=["python3", "-m", "sglang.launch_server"],
+        name="serving-study-stop",
+        label="stop",
+        environment={},
+        quota_cores=None,
+        shm_size=None,
+        stop_signal="SIGINT",
+    )
+    assert argv[argv.index("--stop-signal") + 1] == "SIGINT"
+    assert argv.index("--stop-signal") < argv.index("--")
+    default = run_command(
+        runtime="docker",
+        image="sha256:" + "0" * 64,
+        command=["python3"],
+        name="serving-study-stop",
+        label="stop",
+        environment={},
+        quota_cores=None,
+        shm_size=None,
+    )
+    assert "--stop-signal" not in default
