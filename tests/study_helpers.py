@@ -1,5 +1,6 @@
-"""Helpers the whole-workflow and arm tests share: Snakemake on a test config, and
-what a study may leave on the host (segments, cgroups, processes, containers)."""
+"""Helpers the whole-workflow and arm tests share: Snakemake on a test config, a
+real arm's settings, and what a study may leave on the host (segments, cgroups,
+processes, containers); and a child process a test drives line by line."""
 
 import contextlib
 import json
@@ -16,7 +17,8 @@ import psutil
 import pytest
 import yaml
 
-from serving_study.config.records import Arm
+from serving_study.config import records
+from serving_study.measure.thread_cpu import ThreadCpuSnapshot, read_thread_cpu
 from serving_study.servers.cgroup_hierarchy import QuotaUnavailable
 from serving_study.servers.cgroups import CpuQuotaGroup, project_group_directories
 from serving_study.servers.container_commands import container_name
@@ -26,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIG = ROOT / "config" / "test" / "config.yaml"
 
 
-def arm_record(**fields) -> Arm:
+def arm_record(**fields) -> records.Arm:
     """An arm with the given fields, the required ones a test does not look at
     filled in (arm A of variant v on workload w, no quota, one request)."""
     defaults = {
@@ -37,7 +39,64 @@ def arm_record(**fields) -> Arm:
         "concurrency": 1,
         "requests": 1,
     }
-    return Arm.from_config(defaults | fields)
+    return records.Arm.from_config(defaults | fields)
+
+
+def embedded_arm(name: str, *, requests: int, output_tokens: int) -> records.Arm:
+    """An arm that runs for real: variant ``original`` on workload ``tiny`` over
+    the CPU transport, at concurrency 4 under a quota of one core, with no
+    environment of its own."""
+    return records.Arm.from_config(
+        {
+            "name": name,
+            "variant": "original",
+            "workload": "tiny",
+            "transport": "cpu",
+            "cpu_quota": 1.0,
+            "environment": {},
+            "concurrency": 4,
+            "requests": requests,
+            "output_tokens": output_tokens,
+        }
+    )
+
+
+def embedded_run_settings(
+    *, decode_step_ms: int, warmup_requests: int, health_timeout_s: int
+) -> dict:
+    """The settings of a real run of the embedded engine in a local process, as
+    the keyword arguments ``server_settings``, ``client`` and ``monitors`` that
+    ``run_arm`` and ``measure_arm_overhead`` take: the stand-in model's decode
+    step, the client's warm-up requests and how long it waits for a healthy
+    server are the caller's; monitors sample at 10 Hz, threads at 1 Hz, no GPU."""
+    embedded_engine = {
+        "served_model_name": "test-model",
+        "prefill_ms_per_image": 5,
+        "decode_step_ms": decode_step_ms,
+        "max_running_requests": 64,
+        "scheduler_busy_fraction": 0,
+        "preprocess_device": "auto",
+    }
+    client = {
+        "warmup_requests": warmup_requests,
+        "health_timeout_s": health_timeout_s,
+        "request_timeout_s": 60,
+        "max_dispatch_lag_ms": 100,
+        "quota_during_startup": False,
+    }
+    return {
+        "server_settings": records.ServerSettings.from_config(
+            {
+                "engine": "embedded",
+                "runtime": "local",
+                "embedded_engine": embedded_engine,
+            }
+        ),
+        "client": records.ClientSettings.from_config(client),
+        "monitors": records.MonitorSettings.from_config(
+            {"sample_hz": 10, "thread_sample_hz": 1, "gpu": "off"}
+        ),
+    }
 
 
 def snakemake_command(
@@ -59,6 +118,20 @@ def snakemake_command(
         "--configfile",
         *(str(path) for path in configs),
     ]
+
+
+def snakemake_refuses(config: Path) -> str:
+    """Snakemake's dry run of this workflow on ``config``, which must fail before
+    it builds the DAG (the config check runs first); its stderr, which says why."""
+    finished = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-n", "--configfile", str(config)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert finished.returncode != 0
+    assert "Building DAG" not in finished.stdout + finished.stderr
+    return finished.stderr
 
 
 def fault_study_config(
@@ -155,6 +228,29 @@ def serving_run(workdir: Path, experiment: str) -> Path | None:
         ):
             return run
     return None
+
+
+def interrupt_serving_run(
+    snakemake: subprocess.Popen,
+    log_path: Path,
+    workdir: Path,
+    run: Path,
+    signal_number: int = signal.SIGINT,
+) -> None:
+    """``signal_number`` to the whole process group of ``snakemake`` (started by
+    ``terminal_job``, output to ``log_path``) once ``run`` serves its measured
+    requests (``serving_run``), and proof that it landed in that arm: Snakemake
+    fails in rule run_arm, the run's job log shows its runner stopped by
+    KeyboardInterrupt, and the run has no metrics.json."""
+    time.sleep(1.0)  # into the window, which lasts several seconds
+    os.killpg(snakemake.pid, signal_number)
+    returncode = snakemake.wait(timeout=300)
+    output = log_path.read_text()
+    assert returncode != 0, output[-3000:]
+    assert "Error in rule run_arm" in output, output[-3000:]
+    stopped = job_log(workdir, run).read_text()
+    assert "KeyboardInterrupt" in stopped, stopped[-3000:]
+    assert not (run / "metrics.json").exists(), "the interrupted run looks finished"
 
 
 def leaked_segments() -> list[Path]:
@@ -296,6 +392,40 @@ def git(repository: Path, *arguments: str) -> str:
         check=True,
     )
     return result.stdout.strip()
+
+
+@contextlib.contextmanager
+def prompted_child(argv: list[str], ready: str):
+    """``argv`` as a child that a test drives by lines on its stdin and stdout
+    (text), once it has printed the line ``ready``. Killed on leaving."""
+    child = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert child.stdout.readline() == f"{ready}\n"
+        yield child
+    finally:
+        child.kill()
+        child.wait()
+        child.stdin.close()
+        child.stdout.close()
+
+
+def thread_cpu_window(
+    child: subprocess.Popen, done: str, exit_timeout_s: float
+) -> tuple[ThreadCpuSnapshot, ThreadCpuSnapshot]:
+    """The per-thread CPU of a ``prompted_child`` read before and after its
+    window: told "go", it works and then answers the line ``done``. Told to exit
+    after that, it must, with code 0, within ``exit_timeout_s``."""
+    before = read_thread_cpu(child.pid)
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    assert child.stdout.readline() == f"{done}\n"
+    after = read_thread_cpu(child.pid)
+    child.stdin.write("exit\n")
+    child.stdin.flush()
+    assert child.wait(timeout=exit_timeout_s) == 0
+    return before, after
 
 
 def cgroups_usable() -> str | None:

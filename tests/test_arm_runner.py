@@ -20,16 +20,9 @@ from pathlib import Path
 
 import psutil
 import pytest
-from study_helpers import leaked_segments
+from study_helpers import embedded_arm, embedded_run_settings, leaked_segments
 
-from serving_study.config.records import (
-    Arm,
-    ClientSettings,
-    HostSharing,
-    MonitorSettings,
-    ServerSettings,
-    Variant,
-)
+from serving_study.config.records import Arm, HostSharing, Variant
 from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.run_outputs import RunPaths
 from serving_study.servers.cgroups import project_group_directories
@@ -40,45 +33,10 @@ pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the arms' CPU quota is a cgroup only root can create"
 )
 
-SERVER_SETTINGS = ServerSettings.from_config(
-    {
-        "engine": "embedded",
-        "runtime": "local",
-        "embedded_engine": {
-            "served_model_name": "test-model",
-            "prefill_ms_per_image": 5,
-            "decode_step_ms": 20,
-            "max_running_requests": 64,
-            "scheduler_busy_fraction": 0,
-            "preprocess_device": "auto",
-        },
-    }
+SETTINGS = embedded_run_settings(
+    decode_step_ms=20, warmup_requests=2, health_timeout_s=60
 )
-CLIENT = ClientSettings.from_config(
-    {
-        "warmup_requests": 2,
-        "health_timeout_s": 60,
-        "request_timeout_s": 60,
-        "max_dispatch_lag_ms": 100,
-        "quota_during_startup": False,
-    }
-)
-MONITORS = MonitorSettings.from_config(
-    {"sample_hz": 10, "thread_sample_hz": 1, "gpu": "off"}
-)
-ARM = Arm.from_config(
-    {
-        "name": "faulty",
-        "variant": "original",
-        "workload": "tiny",
-        "transport": "cpu",
-        "cpu_quota": 1.0,
-        "environment": {},
-        "concurrency": 4,
-        "requests": 40,
-        "output_tokens": 16,
-    }
-)
+ARM = embedded_arm("faulty", requests=40, output_tokens=16)
 
 
 def arm_with(**changes) -> Arm:
@@ -126,9 +84,7 @@ def run(
         run=1,
         variant=Variant.from_identity(variant),
         workload_manifest=workload,
-        server_settings=SERVER_SETTINGS,
-        client=CLIENT,
-        monitors=MONITORS,
+        **SETTINGS,
         paths=run_paths(directory),
         sharing=sharing,
     )

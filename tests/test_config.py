@@ -2,12 +2,11 @@
 
 import copy
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from study_helpers import snakemake_refuses
 
 from serving_study.config.validation import ConfigError, check_config
 
@@ -359,12 +358,5 @@ def test_snakemake_refuses_a_bad_config_before_any_job(tmp_path):
     config["arms"][2]["cpu_quota"] = 0
     bad = tmp_path / "bad.yaml"
     bad.write_text(yaml.safe_dump(config))
-    finished = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-n", "--configfile", str(bad)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
-    assert finished.returncode != 0
-    assert f"{bad}: arms[2].cpu_quota: 0 is not a CPU quota" in finished.stderr
-    assert "Building DAG" not in finished.stdout + finished.stderr
+    refused = snakemake_refuses(bad)
+    assert f"{bad}: arms[2].cpu_quota: 0 is not a CPU quota" in refused

@@ -505,6 +505,45 @@ def containers_of_runs() -> list[str]:
     return listed.stdout.splitlines()[1:]
 
 
+def engine_argv(port: int) -> list[str]:
+    """The embedded engine in its image, serving on ``port``."""
+    engine = [EMBEDDED_PYTHON, "-m", "serving_study.engine"]
+    return engine + ["--port", str(port), "--sglang-source", EMBEDDED_VARIANT_ROOT]
+
+
+SLEEPING = [EMBEDDED_PYTHON, "-c", "import time; time.sleep(120)"]
+
+
+def container_server(
+    argv: list[str],
+    name: str,
+    image: str,
+    log_directory: Path,
+    *,
+    environment: dict[str, str] | None = None,
+    quota_cores: float | None = None,
+    quota_during_startup: bool = True,
+    shm_size: str = "64m",
+    **options,
+) -> ContainerServer:
+    """A server of ``argv`` in a container of ``image``, not started yet. Its
+    cgroup is ``name`` and this test's pid (tests on one engine stay apart), its
+    log server.log in ``log_directory``; unless the test says otherwise it has no
+    environment and no quota, a quota would hold from the start, and its
+    /dev/shm is 64 MB."""
+    return ContainerServer(
+        argv,
+        environment or {},
+        quota_cores,
+        f"{name}-{os.getpid()}",
+        log_directory / "server.log",
+        quota_during_startup=quota_during_startup,
+        image=image,
+        shm_size=shm_size,
+        **options,
+    )
+
+
 @pytest.mark.docker
 def test_each_arm_ran_in_its_variants_container_under_its_quota(docker_study):
     results = docker_study / "results/test-docker"
@@ -577,15 +616,14 @@ def test_quota_applied_once_healthy_and_teardown_sweeps_shared_memory(
     embedded_image, tmp_path
 ):
     port = free_port()
-    server = ContainerServer(
-        [EMBEDDED_PYTHON, "-m", "serving_study.engine", "--port", str(port)]
-        + ["--sglang-source", EMBEDDED_VARIANT_ROOT],
-        {"OMP_NUM_THREADS": "1"},
-        0.5,
-        f"quota-after-start-{os.getpid()}",
-        tmp_path / "server.log",
+    server = container_server(
+        engine_argv(port),
+        "quota-after-start",
+        embedded_image,
+        tmp_path,
+        environment={"OMP_NUM_THREADS": "1"},
+        quota_cores=0.5,
         quota_during_startup=False,
-        image=embedded_image,
         shm_size="300m",
     )
     try:
@@ -630,15 +668,11 @@ def test_quota_applied_once_healthy_and_teardown_sweeps_shared_memory(
 def test_a_server_that_exits_is_reported_with_its_code_and_log(
     embedded_image, tmp_path
 ):
-    server = ContainerServer(
+    server = container_server(
         [EMBEDDED_PYTHON, "-c", "print('giving up', flush=True); raise SystemExit(3)"],
-        {},
-        None,
-        f"exits-{os.getpid()}",
-        tmp_path / "server.log",
-        quota_during_startup=True,
-        image=embedded_image,
-        shm_size="64m",
+        "exits",
+        embedded_image,
+        tmp_path,
     )
     try:
         server.start()
@@ -654,15 +688,8 @@ def test_a_server_that_exits_is_reported_with_its_code_and_log(
 
 @pytest.mark.docker
 def test_a_refused_start_is_an_exit_code_not_an_exception(docker_engine, tmp_path):
-    server = ContainerServer(
-        ["true"],
-        {},
-        1.0,
-        f"refused-{os.getpid()}",
-        tmp_path / "server.log",
-        quota_during_startup=True,
-        image="sha256:" + "0" * 64,
-        shm_size="64m",
+    server = container_server(
+        ["true"], "refused", "sha256:" + "0" * 64, tmp_path, quota_cores=1.0
     )
     try:
         server.start()
@@ -780,15 +807,12 @@ def test_monitors_see_the_containers_processes_from_the_host(embedded_image, tmp
     from serving_study.measure.server_processes import find_server_processes
 
     port = free_port()
-    server = ContainerServer(
-        [EMBEDDED_PYTHON, "-m", "serving_study.engine", "--port", str(port)]
-        + ["--sglang-source", EMBEDDED_VARIANT_ROOT],
-        {},
-        1.0,
-        f"monitors-{os.getpid()}",
-        tmp_path / "server.log",
-        quota_during_startup=True,
-        image=embedded_image,
+    server = container_server(
+        engine_argv(port),
+        "monitors",
+        embedded_image,
+        tmp_path,
+        quota_cores=1.0,
         shm_size="256m",
     )
     try:
@@ -818,16 +842,7 @@ def test_monitors_see_the_containers_processes_from_the_host(embedded_image, tmp
 
 @pytest.mark.docker
 def test_the_container_runs_unprivileged_from_the_image_id(embedded_image, tmp_path):
-    server = ContainerServer(
-        [EMBEDDED_PYTHON, "-c", "import time; time.sleep(120)"],
-        {},
-        None,
-        f"least-privilege-{os.getpid()}",
-        tmp_path / "server.log",
-        quota_during_startup=True,
-        image=embedded_image,
-        shm_size="64m",
-    )
+    server = container_server(SLEEPING, "least-privilege", embedded_image, tmp_path)
     try:
         server.start()
         status = Path(f"/proc/{server.pid}/status").read_text().splitlines()
@@ -846,15 +861,12 @@ def test_a_secret_reaches_the_container_by_name_only(
 ):
     secret = "container-canary-4242"
     monkeypatch.setenv("STUDY_PASSED_VALUE", secret)
-    server = ContainerServer(
-        [EMBEDDED_PYTHON, "-c", "import time; time.sleep(120)"],
-        {"OMP_NUM_THREADS": "1"},
-        None,
-        f"secret-by-name-{os.getpid()}",
-        tmp_path / "server.log",
-        quota_during_startup=True,
-        image=embedded_image,
-        shm_size="64m",
+    server = container_server(
+        SLEEPING,
+        "secret-by-name",
+        embedded_image,
+        tmp_path,
+        environment={"OMP_NUM_THREADS": "1"},
         passed_environment=["STUDY_PASSED_VALUE"],
     )
     try:

@@ -16,14 +16,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from study_helpers import embedded_arm, embedded_run_settings
 
-from serving_study.config.records import (
-    Arm,
-    ClientSettings,
-    MonitorSettings,
-    ServerSettings,
-    Variant,
-)
+from serving_study.config.records import Variant
 from serving_study.measure.chat_requests import load_requests
 from serving_study.measure.request_log import read_request_log
 from serving_study.servers.cgroups import project_group_directories
@@ -415,54 +410,16 @@ def test_a_real_arm_is_split_into_its_phases(variants, tmp_path_factory, tmp_pat
     workload = tmp_path_factory.mktemp("arm-workload") / "tiny"
     spec = {"name": "tiny", "seed": 1, "images": 4, "width": 128, "height": 128}
     generate_workload(spec | {"input_tokens": 8, "format": "png"}, workload)
-    arm = Arm.from_config(
-        {
-            "name": "overhead",
-            "variant": "original",
-            "workload": "tiny",
-            "transport": "cpu",
-            "cpu_quota": 1.0,
-            "environment": {},
-            "concurrency": 4,
-            "requests": 24,
-            "output_tokens": 8,
-        }
-    )
-    server_settings = ServerSettings.from_config(
-        {
-            "engine": "embedded",
-            "runtime": "local",
-            "embedded_engine": {
-                "served_model_name": "test-model",
-                "prefill_ms_per_image": 5,
-                "decode_step_ms": 5,
-                "max_running_requests": 64,
-                "scheduler_busy_fraction": 0,
-                "preprocess_device": "auto",
-            },
-        }
-    )
-    client = ClientSettings.from_config(
-        {
-            "warmup_requests": 4,
-            "health_timeout_s": 120,
-            "request_timeout_s": 60,
-            "max_dispatch_lag_ms": 100,
-            "quota_during_startup": False,
-        }
-    )
-    monitors = MonitorSettings.from_config(
-        {"sample_hz": 10, "thread_sample_hz": 1, "gpu": "off"}
-    )
+    arm = embedded_arm("overhead", requests=24, output_tokens=8)
 
     figures = measure_arm_overhead(
         arm=arm,
         variant=Variant.from_identity(variants["original"]),
         workload_manifest=workload / "manifest.json",
-        server_settings=server_settings,
-        client=client,
-        monitors=monitors,
         out_dir=tmp_path,
+        **embedded_run_settings(
+            decode_step_ms=5, warmup_requests=4, health_timeout_s=120
+        ),
     )
 
     assert figures["valid"], figures["invalid_reasons"]

@@ -11,24 +11,19 @@
 from __future__ import annotations
 
 import pickle
-import subprocess
 import sys
 import time
 import uuid
 
 import pytest
 import torch
-from test_cgroups import needs_cgroups
+from study_helpers import needs_cgroups, prompted_child, thread_cpu_window
 
 from serving_study.engine.__main__ import parse_arguments, start_scheduler_early
 from serving_study.engine.protocol import SHM, FeaturePayload, SubmitRequest, TokenBatch
 from serving_study.engine.segments import unlink_segment
 from serving_study.engine.shm_loader import load_shm_pointer_class
-from serving_study.measure.thread_cpu import (
-    CLOCK_TICKS_PER_SECOND,
-    ThreadCpuUsage,
-    read_thread_cpu,
-)
+from serving_study.measure.thread_cpu import CLOCK_TICKS_PER_SECOND, ThreadCpuUsage
 from serving_study.servers.cgroups import CpuQuotaGroup, wrap_command
 from serving_study.servers.commands import embedded_server_argv
 
@@ -81,29 +76,9 @@ def copies_under_quota(sglang_root, tmp_path) -> tuple[ThreadCpuUsage, int]:
     argv = [sys.executable, str(script), str(sglang_root)]
     argv += [str(INTRA_OP_THREADS), str(TENSOR_BYTES), str(COPIES)]
     group = CpuQuotaGroup.create(f"test-mechanism-{uuid.uuid4().hex[:8]}", QUOTA_CORES)
-    child = None
-    try:
-        child = subprocess.Popen(
-            wrap_command(group, argv),
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert child.stdout.readline() == f"ready {INTRA_OP_THREADS}\n"
-        before = read_thread_cpu(child.pid)
-        child.stdin.write("go\n")
-        child.stdin.flush()
-        assert child.stdout.readline() == "copied\n"
-        after = read_thread_cpu(child.pid)
-        child.stdin.write("exit\n")
-        child.stdin.flush()
-        assert child.wait(timeout=60) == 0
-    finally:
-        group.remove()
-        if child is not None:
-            child.wait()
-            child.stdin.close()
-            child.stdout.close()
+    ready = f"ready {INTRA_OP_THREADS}"
+    with group, prompted_child(wrap_command(group, argv), ready) as child:
+        before, after = thread_cpu_window(child, "copied", exit_timeout_s=60)
     return after.since(before), len(after.threads)
 
 

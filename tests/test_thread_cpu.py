@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from study_helpers import prompted_child, thread_cpu_window
 
 from serving_study.measure.thread_cpu import (
     CLOCK_TICKS_PER_SECOND,
@@ -63,30 +65,17 @@ def seconds(ticks: int) -> float:
     return ticks / CLOCK_TICKS_PER_SECOND
 
 
-def test_window_splits_a_process_by_thread_and_name(tmp_path):
+def spinning_child(tmp_path: Path):
+    """SPINNING_CHILD running, once it has spun before the window (it printed
+    "ready"): a ``prompted_child``, killed on leaving."""
     script = tmp_path / "spinning_child.py"
     script.write_text(SPINNING_CHILD)
-    child = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout.readline() == "ready\n"
-        before = read_thread_cpu(child.pid)
-        child.stdin.write("go\n")
-        child.stdin.flush()
-        assert child.stdout.readline() == "spun\n"
-        after = read_thread_cpu(child.pid)
-        child.stdin.write("stop\n")
-        child.stdin.flush()
-        assert child.wait(timeout=30) == 0
-    finally:
-        child.kill()
-        child.wait()
-        child.stdin.close()
-        child.stdout.close()
+    return prompted_child([sys.executable, str(script)], "ready")
+
+
+def test_window_splits_a_process_by_thread_and_name(tmp_path):
+    with spinning_child(tmp_path) as child:
+        before, after = thread_cpu_window(child, "spun", exit_timeout_s=30)
 
     usage = after.since(before)
     workers = [thread for thread in usage.threads if thread.name == "worker"]
@@ -109,23 +98,9 @@ def test_window_splits_a_process_by_thread_and_name(tmp_path):
 
 
 def test_run_time_is_each_threads_cpu_time_in_nanoseconds(tmp_path):
-    script = tmp_path / "spinning_child.py"
-    script.write_text(SPINNING_CHILD)
-    child = subprocess.Popen(
-        [sys.executable, str(script)],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert child.stdout.readline() == "ready\n"  # spun, now waits on stdin
+    with spinning_child(tmp_path) as child:  # spun, now waits on its stdin
         ticks = read_thread_cpu(child.pid)
         run_time = read_thread_run_time(child.pid)
-    finally:
-        child.kill()
-        child.wait()
-        child.stdin.close()
-        child.stdout.close()
 
     assert set(run_time) == set(ticks.threads)
     assert run_time[child.pid] / 1e9 >= BEFORE_WINDOW_SPIN_S

@@ -4,19 +4,11 @@ import json
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-from study_helpers import snakemake_command as study_command
+from study_helpers import snakemake_command
 
-ROOT = Path(__file__).resolve().parents[1]
-CONFIG = ROOT / "config" / "test" / "config.yaml"
 EXPERIMENT = "test-embedded"
-
-
-def snakemake_command(workdir: Path, *arguments: str) -> list[str]:
-    return study_command(workdir, "--cores", "1", *arguments)
-
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the arms' CPU quota is a cgroup only root can create"
@@ -34,7 +26,7 @@ def test_an_unwritable_results_directory_fails_clearly_and_starts_nothing(tmp_pa
     finished = subprocess.run(
         ["unshare", "--mount", "--propagation", "private", "sh", "-c"]
         + [read_only_results, "sh", str(workdir)]
-        + snakemake_command(workdir, "all"),
+        + snakemake_command(workdir, "--cores", "1", "all"),
         capture_output=True,
         text=True,
         timeout=600,
@@ -49,7 +41,7 @@ def test_two_pipelines_at_once_measure_only_their_own_servers(tmp_path):
     workdirs = [tmp_path / "first", tmp_path / "second"]
     pipelines = [
         subprocess.Popen(
-            snakemake_command(workdir, "all"),
+            snakemake_command(workdir, "--cores", "1", "all"),
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,

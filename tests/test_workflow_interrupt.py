@@ -19,7 +19,7 @@ import pytest
 from study_helpers import (
     TEST_CONFIG,
     fault_study_config,
-    job_log,
+    interrupt_serving_run,
     rerun_finishes_valid,
     serving_run,
     snakemake_command,
@@ -54,15 +54,7 @@ def interrupt_then_resume(tmp_path: Path, signal_number: int) -> None:
     with terminal_job(command, log_path) as snakemake:
         run = wait_for(lambda: serving_run(workdir, EXPERIMENT), snakemake)
         assert not list(results.glob("*/run*/metrics.json")), "not the first arm"
-        time.sleep(1.0)  # into the window, which lasts several seconds
-        os.killpg(snakemake.pid, signal_number)
-        returncode = snakemake.wait(timeout=300)
-    output = log_path.read_text()
-    assert returncode != 0, output[-3000:]
-    assert "Error in rule run_arm" in output, output[-3000:]
-    stopped = job_log(workdir, run).read_text()
-    assert "KeyboardInterrupt" in stopped, stopped[-3000:]
-    assert not (run / "metrics.json").exists(), "the interrupted run looks finished"
+        interrupt_serving_run(snakemake, log_path, workdir, run, signal_number)
     assert not (results / "report.html").exists()
     assert leftovers_once_settled(workdir) == []
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from study_helpers import (
+    ROOT,
     fault_study_config,
     gone,
     leaked_segments,
@@ -25,24 +26,38 @@ from study_helpers import (
     serving_container_owner,
     serving_run,
     serving_scheduler,
+    snakemake_command,
     study_containers,
     study_groups,
     study_processes,
+    terminal_job,
     wait_for,
 )
-from study_helpers import snakemake_command as study_command
-
-ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.skipif(
     os.geteuid() != 0, reason="the arms' CPU quota is a cgroup only root can create"
 )
 
 
-def snakemake_command(
-    workdir: Path, config: tuple[Path, ...], *arguments: str
-) -> list[str]:
-    return study_command(workdir, "--cores", "1", *arguments, config=config)
+def kill_serving_runner(
+    workdir: Path,
+    config: tuple[Path, ...],
+    experiment: str,
+    find_runner,
+    timeout_s: float = 900,
+) -> int:
+    """The study of ``config`` under Snakemake in ``workdir`` (its output in
+    first.log beside it) until an arm's server serves; then SIGKILL, in the
+    measured window, to that arm's runner: the pid ``find_runner`` finds from
+    the Snakemake process. Snakemake must fail; the runner's pid is returned."""
+    command = snakemake_command(workdir, "--cores", "1", "all", config=config)
+    with terminal_job(command, workdir.parent / "first.log") as snakemake:
+        wait_for(lambda: serving_run(workdir, experiment), snakemake, timeout_s)
+        runner = find_runner(snakemake)
+        time.sleep(1.0)  # into the window, which lasts several seconds
+        os.kill(runner, signal.SIGKILL)
+        assert snakemake.wait(timeout=300) != 0
+    return runner
 
 
 def reaped_by_the_rerun(workdir: Path, experiment: str) -> dict[str, list]:
@@ -63,29 +78,20 @@ def test_a_killed_local_runner_takes_its_server_and_the_next_run_starts_clean(
     experiment = "test-killed-runner"
     config = fault_study_config(ROOT / "config/test/config.yaml", experiment, tmp_path)
     workdir = tmp_path / "study"
-    log = open(tmp_path / "first.log", "w")
-    snakemake = subprocess.Popen(
-        snakemake_command(workdir, config, "all"), stdout=log, stderr=subprocess.STDOUT
-    )
-    try:
-        wait_for(lambda: serving_run(workdir, experiment), snakemake)
+
+    def runner_of_the_scheduler(snakemake: subprocess.Popen) -> int:
         scheduler = serving_scheduler(snakemake.pid)
         assert scheduler, "the arm's server has no scheduler"
-        time.sleep(1.0)  # into the window, which lasts several seconds
-        runner = scheduler.parent().parent()  # scheduler < server < runner
-        runner.send_signal(signal.SIGKILL)
-        assert snakemake.wait(timeout=300) != 0
-    finally:
-        if snakemake.poll() is None:
-            snakemake.kill()
-        log.close()
+        return scheduler.parent().parent().pid  # scheduler < server < runner
+
+    runner = kill_serving_runner(workdir, config, experiment, runner_of_the_scheduler)
     # The parent-death signal: the server went with its runner, no teardown ran.
     deadline = time.monotonic() + 30
     while study_processes(workdir) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert study_processes(workdir) == []
     dead_groups = {
-        str(path) for path in study_groups(experiment, lambda o: o == runner.pid)
+        str(path) for path in study_groups(experiment, lambda o: o == runner)
     }
     assert dead_groups, "the killed runner's cgroup stays until a run reaps it"
 
@@ -104,21 +110,15 @@ def test_a_killed_runners_container_goes_and_the_next_run_starts_clean(
     experiment = "test-killed-docker"
     config = fault_study_config(ROOT / "config/test/docker.yaml", experiment, tmp_path)
     workdir = tmp_path / "study"
-    log = open(tmp_path / "first.log", "w")
-    snakemake = subprocess.Popen(
-        snakemake_command(workdir, config, "all"), stdout=log, stderr=subprocess.STDOUT
-    )
-    try:
-        wait_for(lambda: serving_run(workdir, experiment), snakemake, 1800)
+
+    def owner_of_the_container(snakemake: subprocess.Popen) -> int:
         runner = serving_container_owner(snakemake, experiment)
         assert runner, "the arm's server serves in no container"
-        time.sleep(1.0)  # into the window, which lasts several seconds
-        os.kill(runner, signal.SIGKILL)
-        assert snakemake.wait(timeout=300) != 0
-    finally:
-        if snakemake.poll() is None:
-            snakemake.kill()
-        log.close()
+        return runner
+
+    runner = kill_serving_runner(
+        workdir, config, experiment, owner_of_the_container, 1800
+    )
     # The watchdog removes the container once its runner is gone.
     deadline = time.monotonic() + 120
 
