@@ -85,6 +85,30 @@ def test_valid_run_has_the_hand_computed_figures():
     json.dumps(metrics)  # metrics.json must be writable as is
 
 
+def test_the_hosts_other_load_and_steal_become_run_figures(tmp_path):
+    directory = copy_run(tmp_path, "original", 1)
+    monitors = json.loads((directory / "monitors.json").read_text())
+    monitors["host_load"] = {
+        "wall_seconds": 2.0,
+        "host_busy_cores": 1.2,
+        "own_cores": 1.1,
+        "other_cores": 0.1,
+        "steal_cores": 0.6,
+    }
+    (directory / "monitors.json").write_text(json.dumps(monitors))
+    metrics = summarize_run(
+        directory / "requests.jsonl",
+        directory / "monitors.json",
+        fixture_arm("original"),
+        fixture_checks("original", 1),
+    )
+    assert metrics["host_other_cores"] == pytest.approx(0.1)
+    assert metrics["host_steal_cores"] == pytest.approx(0.6)
+    # Reported, not judged: a hypervisor's steal does not make the run invalid.
+    assert metrics["valid"] is True
+    assert summarize_fixture("original", 1)["host_steal_cores"] is None
+
+
 def test_warmup_request_stays_out_of_the_window():
     # The warm-up request is sent at 0 s; counting it would give 5 / 3 s.
     metrics = summarize_fixture("original", 2)

@@ -67,6 +67,10 @@ METRICS: dict[str, Metric] = {
     "dispatch_lag_p99_ms": Metric("dispatch lag p99", "ms"),
     "dispatch_lag_max_ms": Metric("dispatch lag max", "ms"),
     "measured_seconds": Metric("measured window", "s"),
+    # The host during the window (host_load.py): what other work used, and what a
+    # virtual machine's hypervisor gave to other guests while the run wanted it.
+    "host_other_cores": Metric("other work on the host", "cores"),
+    "host_steal_cores": Metric("CPU taken by the hypervisor (steal)", "cores"),
 }
 
 # Counts and bookkeeping that belong to a run but are not summarized per arm.
@@ -180,6 +184,7 @@ def monitor_figures(monitors: dict | None) -> dict:
     cgroup = monitors.get("cgroup") or {}
     threads = monitors.get("threads") or {}
     gpu = monitors.get("gpu") or {}
+    host_load = monitors.get("host_load") or {}
     return {
         "main_cpu_percent": monitors.get("main_cpu_percent"),
         "scheduler_cpu_percent": monitors.get("scheduler_cpu_percent"),
@@ -192,6 +197,8 @@ def monitor_figures(monitors: dict | None) -> dict:
         "main_threads_max": threads.get("main_max"),
         "gpu_util_percent": gpu.get("util_percent_mean"),
         "gpu_memory_used_mib": gpu.get("memory_used_mib"),
+        "host_other_cores": host_load.get("other_cores"),
+        "host_steal_cores": host_load.get("steal_cores"),
         "window_start_epoch": window.get("start_epoch"),
         "window_end_epoch": window.get("end_epoch"),
     }

@@ -42,6 +42,7 @@ RUN_COLUMNS = (
     "torch_threads",
     "main_threads_max",
     "dispatch_lag_max_ms",
+    "host_steal_cores",
     "error_count",
 )
 
