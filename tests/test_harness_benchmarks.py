@@ -25,7 +25,11 @@ from serving_study.servers.cgroups import project_group_directories
 from serving_study.sources.variants import prepare_variant
 from serving_study.studies.harness import client_roofline, monitor_cost
 from serving_study.studies.harness.arm_overhead import measure_arm_overhead
-from serving_study.studies.harness.benchmark_host import client_and_server_cpus
+from serving_study.studies.harness.benchmark_host import (
+    CpuReading,
+    client_and_server_cpus,
+    host_load_between,
+)
 from serving_study.studies.harness.benchmark_run import goals_met
 from serving_study.studies.harness.client_roofline import (
     measure_client_rate,
@@ -461,3 +465,17 @@ def test_goals_are_judged_against_their_bounds():
     assert verdicts["client_headroom_ratio"]["met"] is True
     assert verdicts["client_ttft_overhead_ms_p50"]["met"] is False
     assert verdicts["monitor_cpu_fraction"]["met"] is None
+
+
+def test_a_benchmarks_host_load_names_the_hypervisors_steal():
+    before = CpuReading(
+        at=10.0, host_busy_seconds=100.0, own_seconds=4.0, host_steal_seconds=7.0
+    )
+    after = CpuReading(
+        at=12.0, host_busy_seconds=103.0, own_seconds=6.0, host_steal_seconds=8.2
+    )
+    assert host_load_between(before, after) == {
+        "host_busy_cores": 1.5,
+        "steal_cores": 0.6,
+        "other_processes_cores": 0.5,
+    }

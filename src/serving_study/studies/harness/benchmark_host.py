@@ -55,28 +55,33 @@ class CpuReading:
     at: float
     host_busy_seconds: float
     own_seconds: float | None  # None: our processes are not all known
+    # What a virtual machine's hypervisor gave to other guests (0 on bare metal).
+    host_steal_seconds: float = 0.0
 
 
 def read_cpu(own_processes: list[psutil.Process] | None = None) -> CpuReading:
     times = psutil.cpu_times()
     busy = times.user + times.nice + times.system + times.irq + times.softirq
+    steal = getattr(times, "steal", 0.0)
     if own_processes is None:
-        return CpuReading(time.monotonic(), busy, None)
+        return CpuReading(time.monotonic(), busy, None, steal)
     own = 0.0
     for process in own_processes:
         with contextlib.suppress(psutil.Error):
             process_times = process.cpu_times()
             own += process_times.user + process_times.system
-    return CpuReading(time.monotonic(), busy, own)
+    return CpuReading(time.monotonic(), busy, own, steal)
 
 
 def host_load_between(before: CpuReading, after: CpuReading) -> dict:
-    """Cores the whole host kept busy, and how many of them other processes used."""
+    """Cores the whole host kept busy, how many of them other processes used, and
+    how many the hypervisor took (steal)."""
     wall = after.at - before.at
     if wall <= 0:
         return {"host_busy_cores": None}
     busy = (after.host_busy_seconds - before.host_busy_seconds) / wall
-    load = {"host_busy_cores": round(busy, 3)}
+    steal = (after.host_steal_seconds - before.host_steal_seconds) / wall
+    load = {"host_busy_cores": round(busy, 3), "steal_cores": round(steal, 3)}
     if before.own_seconds is not None and after.own_seconds is not None:
         own = (after.own_seconds - before.own_seconds) / wall
         load["other_processes_cores"] = round(max(0.0, busy - own), 3)
