@@ -50,6 +50,20 @@ def copy_run(tmp_path: Path, arm: str, run: int) -> Path:
     return directory
 
 
+def summarize_with_monitors(tmp_path: Path, **monitor_changes) -> dict:
+    """Run 1 of arm ``original``, summarized from a copy whose monitors.json has
+    ``monitor_changes`` on top of the fixture's."""
+    directory = copy_run(tmp_path, "original", 1)
+    monitors = json.loads((directory / "monitors.json").read_text())
+    (directory / "monitors.json").write_text(json.dumps(monitors | monitor_changes))
+    return summarize_run(
+        directory / "requests.jsonl",
+        directory / "monitors.json",
+        fixture_arm("original"),
+        fixture_checks("original", 1),
+    )
+
+
 def test_valid_run_has_the_hand_computed_figures():
     metrics = summarize_fixture("original", 1)
 
@@ -86,21 +100,15 @@ def test_valid_run_has_the_hand_computed_figures():
 
 
 def test_the_hosts_other_load_and_steal_become_run_figures(tmp_path):
-    directory = copy_run(tmp_path, "original", 1)
-    monitors = json.loads((directory / "monitors.json").read_text())
-    monitors["host_load"] = {
-        "wall_seconds": 2.0,
-        "host_busy_cores": 1.2,
-        "own_cores": 1.1,
-        "other_cores": 0.1,
-        "steal_cores": 0.6,
-    }
-    (directory / "monitors.json").write_text(json.dumps(monitors))
-    metrics = summarize_run(
-        directory / "requests.jsonl",
-        directory / "monitors.json",
-        fixture_arm("original"),
-        fixture_checks("original", 1),
+    metrics = summarize_with_monitors(
+        tmp_path,
+        host_load={
+            "wall_seconds": 2.0,
+            "host_busy_cores": 1.2,
+            "own_cores": 1.1,
+            "other_cores": 0.1,
+            "steal_cores": 0.6,
+        },
     )
     assert metrics["host_other_cores"] == pytest.approx(0.1)
     assert metrics["host_steal_cores"] == pytest.approx(0.6)
@@ -236,17 +244,7 @@ def test_measured_count_must_match_the_arm():
 
 
 def test_changed_server_pids_make_the_run_invalid(tmp_path):
-    directory = copy_run(tmp_path, "original", 1)
-    monitors = json.loads((directory / "monitors.json").read_text())
-    monitors["server_pids_changed"] = True
-    (directory / "monitors.json").write_text(json.dumps(monitors))
-
-    metrics = summarize_run(
-        directory / "requests.jsonl",
-        directory / "monitors.json",
-        fixture_arm("original"),
-        fixture_checks("original", 1),
-    )
+    metrics = summarize_with_monitors(tmp_path, server_pids_changed=True)
     assert metrics["run"] == 1  # read from the run1 directory name
     assert metrics["invalid_reasons"] == [
         "the server's process ids changed during the measured window"

@@ -80,27 +80,17 @@ def test_other_servers_get_sigterm_in_every_process(tmp_path):
 
 
 def test_a_container_is_stopped_with_the_signal_it_was_given():
-    argv = run_command(
-        runtime="docker",
-        image="sha256:" + "0" * 64,
-        command=["python3", "-m", "sglang.launch_server"],
-        name="serving-study-stop",
-        label="stop",
-        environment={},
-        quota_cores=None,
-        shm_size=None,
-        stop_signal="SIGINT",
-    )
+    container = {
+        "runtime": "docker",
+        "image": "sha256:" + "0" * 64,
+        "command": ["python3", "-m", "sglang.launch_server"],
+        "name": "serving-study-stop",
+        "label": "stop",
+        "environment": {},
+        "quota_cores": None,
+        "shm_size": None,
+    }
+    argv = run_command(**container, stop_signal="SIGINT")
     assert argv[argv.index("--stop-signal") + 1] == "SIGINT"
     assert argv.index("--stop-signal") < argv.index("--")
-    default = run_command(
-        runtime="docker",
-        image="sha256:" + "0" * 64,
-        command=["python3"],
-        name="serving-study-stop",
-        label="stop",
-        environment={},
-        quota_cores=None,
-        shm_size=None,
-    )
-    assert "--stop-signal" not in default
+    assert "--stop-signal" not in run_command(**container)
