@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -94,3 +95,60 @@ def test_a_container_is_stopped_with_the_signal_it_was_given():
     assert argv[argv.index("--stop-signal") + 1] == "SIGINT"
     assert argv.index("--stop-signal") < argv.index("--")
     assert "--stop-signal" not in run_command(**container)
+
+
+# Like SGLang's stop: the main process kills its children, Python's resource
+# tracker among them, and exits, so its spawn-context lock's named semaphore
+# (/dev/shm/sem.mp-*) outlives the server.
+SEMAPHORE_LEAVING_SERVER = """
+import multiprocessing, os, signal, time
+import psutil
+
+def stop(signal_number, frame):
+    for child in psutil.Process().children(recursive=True):
+        child.kill()
+    os._exit(0)
+
+if __name__ == "__main__":
+    signal.signal(signal.SIGINT, stop)
+    lock = multiprocessing.get_context("spawn").Lock()
+    print("ready", lock, flush=True)
+    time.sleep(600)
+"""
+
+
+def semaphores() -> set[str]:
+    return {path.name for path in Path("/dev/shm").glob("sem.mp-*")}
+
+
+def test_a_stopped_server_leaves_no_named_semaphore(tmp_path):
+    script = tmp_path / "server.py"
+    script.write_text(SEMAPHORE_LEAVING_SERVER)
+    before = semaphores()
+    # Another program's, unheld and older than the server: not the server's to remove.
+    elsewhere = Path("/dev/shm") / f"sem.mp-test{os.getpid()}"
+    elsewhere.write_bytes(b"\0" * 32)
+    server = LocalServer(
+        [sys.executable, str(script)],
+        dict(os.environ),
+        None,
+        f"stop-test-{os.getpid()}-semaphore",
+        tmp_path / "server.log",
+        quota_during_startup=False,
+        terminate_leader_only=True,
+        stop_signal=signal.SIGINT,
+    )
+    try:
+        server.start()
+        try:
+            deadline = time.monotonic() + 30
+            while "ready" not in server.log_tail() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            made = semaphores() - before - {elsewhere.name}
+            assert len(made) == 1, server.log_tail()
+        finally:
+            server.stop(grace_s=30)
+        assert semaphores() - before == {elsewhere.name}
+        assert server.leaked_segments == []  # left by design, not a leak
+    finally:
+        elsewhere.unlink(missing_ok=True)

@@ -114,20 +114,21 @@ def test_the_quota_binds_the_whole_server_or_the_main_process_alone(finished_stu
 
 def test_nothing_of_the_servers_is_left(finished_study):
     assert leaked_segments() == []
-    # SGLang's load-report files outlive its servers; the runner removes theirs
-    # (files older than the study are another run's, not this one's).
+    # SGLang's stop leaves its load-report files, and the named semaphores of its
+    # killed resource tracker; each run removes its own (files older than the
+    # study are another run's), so no run finds a previous one's to reap.
     started = (finished_study / "started").stat().st_mtime
     left = [
-        path
-        for path in Path("/dev/shm").glob("sglang_loads_*.shm")
+        path.name
+        for pattern in ("sglang_loads_*.shm", "sem.mp-*")
+        for path in Path("/dev/shm").glob(pattern)
         if path.stat().st_mtime >= started
     ]
     assert left == []
     for arm in ARMS:
-        assert (
-            run_files(finished_study, arm)["provenance"]["leaked_segments_removed"]
-            == []
-        )
+        provenance = run_files(finished_study, arm)["provenance"]
+        assert provenance["leaked_segments_removed"] == []
+        assert provenance["leftovers_reaped"]["segments"] == [], arm
 
 
 def test_each_server_stops_at_once_through_uvicorn_not_the_drain(finished_study):

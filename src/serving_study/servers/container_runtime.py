@@ -35,6 +35,7 @@ from serving_study.servers.container_commands import (
 )
 from serving_study.servers.cpu_group import CpuGroup, group_of_pid
 from serving_study.servers.local_runtime import log_tail
+from serving_study.servers.shared_memory import remove_unheld, shutdown_leftovers
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +115,7 @@ class ContainerServer:
         self.image = image
         self.name = container_name(group_name)
         self.ipc_host = ipc_host
+        self.shutdown_files_before: set[Path] = set()
         self.run_argv = run_command(
             runtime=runtime,
             image=image,
@@ -173,6 +175,8 @@ class ContainerServer:
 
     def start(self) -> None:
         """Start the container; a refused start shows as an exit code and in the log."""
+        if self.ipc_host:
+            self.shutdown_files_before = shutdown_leftovers()
         finished = self._runtime(*self.run_argv[1:])
         if finished.returncode != 0:
             self._exit_code = finished.returncode or 1
@@ -306,6 +310,9 @@ class ContainerServer:
                 self._remove_container()
             finally:
                 self._stop_log_follower()
+                if self.ipc_host:
+                    # The host's /dev/shm keeps what SGLang's stop leaves by design.
+                    remove_unheld(shutdown_leftovers() - self.shutdown_files_before)
 
     # -- teardown steps
 

@@ -43,10 +43,14 @@ from serving_study.servers.cgroups import (
 )
 from serving_study.servers.container_commands import OWNER_LABEL
 from serving_study.servers.container_runtime import segment_creator
+from serving_study.servers.shared_memory import (
+    SHARED_MEMORY,
+    file_key,
+    files_held_open,
+)
 
 log = logging.getLogger(__name__)
 
-SHARED_MEMORY = Path("/dev/shm")
 PID_STAMPED_PREFIXES = ("sgl_shm_",)
 UNSTAMPED_PREFIXES = ("sglang_loads_", "sem.mp-")
 OWNER_MARK = re.compile(r"owner(\d+)")
@@ -184,7 +188,7 @@ def reap_segments(shared_memory: Path, reaped: Reaped) -> None:
             status = path.stat()
         except FileNotFoundError:
             continue
-        if _file_key(status.st_dev, status.st_ino) in held:
+        if file_key(status.st_dev, status.st_ino) in held:
             continue
         if not complete and name.startswith(UNSTAMPED_PREFIXES):
             continue  # some process could not be read: it might hold this one
@@ -195,57 +199,6 @@ def reap_segments(shared_memory: Path, reaped: Reaped) -> None:
             continue
         except OSError as error:
             reaped.problems.append(f"{path}: {error}")
-
-
-def files_held_open(directory: Path) -> tuple[set[tuple[int, int, int]], bool]:
-    """Files in ``directory`` that a live process has open or mapped, as (major,
-    minor, inode), and whether every process that matters could be read.
-
-    Not root, another user's processes cannot be read, so the answer is not
-    complete. Root can read every process of its own domain; one it cannot
-    (a sandbox's init, say) is not one of this workflow's and is passed over.
-    """
-    prefix = str(directory).rstrip("/") + "/"
-    held: set[tuple[int, int, int]] = set()
-    complete = True
-    for pid in (entry for entry in os.listdir("/proc") if entry.isdigit()):
-        try:
-            held |= _mapped_files(pid, prefix) | _open_files(pid, prefix)
-        except (FileNotFoundError, ProcessLookupError):
-            continue  # exited meanwhile
-        except PermissionError:
-            complete = complete and os.geteuid() == 0
-    return held, complete
-
-
-def _mapped_files(pid: str, prefix: str) -> set[tuple[int, int, int]]:
-    found = set()
-    with open(f"/proc/{pid}/maps") as maps:
-        for line in maps:
-            # address perms offset major:minor inode path
-            fields = line.split(maxsplit=5)
-            if len(fields) == 6 and fields[5].startswith(prefix):
-                major, minor = (int(part, 16) for part in fields[3].split(":"))
-                found.add((major, minor, int(fields[4])))
-    return found
-
-
-def _open_files(pid: str, prefix: str) -> set[tuple[int, int, int]]:
-    found = set()
-    descriptors = f"/proc/{pid}/fd"
-    for descriptor in os.listdir(descriptors):
-        link = f"{descriptors}/{descriptor}"
-        try:
-            if os.readlink(link).startswith(prefix):
-                status = os.stat(link)
-                found.add(_file_key(status.st_dev, status.st_ino))
-        except FileNotFoundError:
-            continue
-    return found
-
-
-def _file_key(device: int, inode: int) -> tuple[int, int, int]:
-    return os.major(device), os.minor(device), inode
 
 
 def _runtime(runtime: str, *arguments: str) -> subprocess.CompletedProcess:

@@ -6,7 +6,8 @@ inside the quota, and it is killed if the runner dies (``parent_death``). The cl
 the monitors stay in the caller's cgroup. Teardown is one ``stop()`` that always leaves
 nothing behind: the process group is terminated, then everything still in the cgroup is
 killed, the cgroup removed, and any shared-memory segment the server's processes created
-is unlinked and reported.
+is unlinked and reported (what SGLang's stop leaves by design is removed, not reported:
+``shared_memory``).
 
 With ``quota_scope="main_process"`` the quota binds the main process alone: once
 the server is up, its model processes (titled ``sglang::...``: scheduler,
@@ -28,14 +29,16 @@ import psutil
 from serving_study.config.schema import property_schema
 from serving_study.servers.cgroups import CpuQuotaGroup, wrap_command
 from serving_study.servers.parent_death import killed_with_parent
+from serving_study.servers.shared_memory import (
+    SHARED_MEMORY,
+    remove_unheld,
+    shutdown_leftovers,
+)
 
 log = logging.getLogger(__name__)
 
-SHARED_MEMORY = Path("/dev/shm")
 # SGLang 0.5.23 names segments sgl_shm_<kind>_<creator pid>_<8 hex>.
 SGLANG_SEGMENT_PREFIX = "sgl_shm_"
-# SGLang's load-report slot files carry no pid and outlive the server.
-SGLANG_LOAD_FILES = "sglang_loads_*.shm"
 MODEL_PROCESS_TITLE_PREFIX = "sglang::"
 QUOTA_SCOPES = tuple(property_schema("arms", "quota_scope")["enum"])
 
@@ -54,10 +57,6 @@ def log_tail(log_path: Path, lines: int = 30) -> str:
     except OSError:
         return ""
     return "\n".join(text.splitlines()[-lines:])
-
-
-def load_report_files() -> set[Path]:
-    return set(SHARED_MEMORY.glob(SGLANG_LOAD_FILES))
 
 
 def model_processes(pids: list[int]) -> list[int]:
@@ -119,10 +118,10 @@ class LocalServer:
         self.process: subprocess.Popen | None = None
         self.known_pids: set[int] = set()
         self.leaked_segments: list[str] = []
-        self.load_files_before: set[Path] = set()
+        self.shutdown_files_before: set[Path] = set()
 
     def start(self) -> None:
-        self.load_files_before = load_report_files()
+        self.shutdown_files_before = shutdown_leftovers()
         self.group = CpuQuotaGroup.create(
             self.group_name, self.quota_cores if self.quota_during_startup else None
         )
@@ -236,9 +235,8 @@ class LocalServer:
         for segment in segments_created_by(self.known_pids):
             self.leaked_segments.append(segment.name)
             segment.unlink(missing_ok=True)
-        # SGLang leaves these by design on shutdown: removed, not counted as leaks.
-        for load_file in load_report_files() - self.load_files_before:
-            load_file.unlink(missing_ok=True)
+        # SGLang's stop leaves these by design: removed, not counted as leaks.
+        remove_unheld(shutdown_leftovers() - self.shutdown_files_before)
         if self.leaked_segments:
             log.warning(
                 "removed %d shared-memory segments the server left behind",
