@@ -29,6 +29,7 @@ from serving_study.sources.hashed_lock import logical_lines
 from serving_study.sources.recorded_files import RecordedFileChanged
 from serving_study.sources.sglang_runtime import (
     RuntimeBuildError,
+    base_python,
     ensure_sglang_runtime,
     read_lock,
     runtime_record,
@@ -178,6 +179,44 @@ def test_the_same_lock_reuses_the_venv_and_a_changed_lock_rebuilds_it(
     rebuilt, messages = build(six_lock, dest)
     assert rebuilt["lock_sha256"] != first["lock_sha256"]
     assert not sentinel.exists()
+    assert any(message.startswith("pip: ") for message in messages)
+
+
+def test_the_base_is_the_systems_python_of_the_locks_version_or_this_one(tmp_path):
+    assert base_python(tmp_path / "missing") == Path(sys.executable)
+    other_version = tmp_path / "python3.11"
+    other_version.write_text("#!/bin/sh\necho 3.12\n")
+    other_version.chmod(0o755)
+    assert base_python(other_version) == Path(sys.executable)
+    without_venv = tmp_path / "python-without-venv"
+    without_venv.write_text("#!/bin/sh\nexit 1\n")
+    without_venv.chmod(0o755)
+    assert base_python(without_venv) == Path(sys.executable)
+
+
+@pytest.mark.skipif(
+    base_python() != sglang_runtime.SYSTEM_PYTHON,
+    reason=f"this host has no {sglang_runtime.SYSTEM_PYTHON} with venv",
+)
+def test_the_venv_is_made_from_the_systems_python_and_rebuilt_for_another_base(
+    six_lock, tmp_path
+):
+    dest = tmp_path / "runtime"
+    built, _ = build(six_lock, dest)
+    assert built["base_python"] == str(sglang_runtime.SYSTEM_PYTHON)
+    base_prefix = subprocess.run(
+        [built["python"], "-c", "import sys; print(sys.base_prefix)"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    assert base_prefix == "/usr"
+
+    messages: list[str] = []
+    rebuilt = ensure_sglang_runtime(
+        six_lock, dest, progress=messages.append, base=Path(sys.executable)
+    )
+    assert rebuilt["base_python"] == sys.executable
     assert any(message.startswith("pip: ") for message in messages)
 
 

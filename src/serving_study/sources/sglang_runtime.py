@@ -10,6 +10,14 @@ lock (``stand-in/``). The venv is built in ``venv.partial-<pid>`` and renamed to
 later call with the same lock (by sha256) reuses the venv as long as its Python
 still runs and its files are as ``venv/files.json`` recorded them after the install
 (a venv built before files were recorded has them recorded on its first reuse).
+
+The venv is made from the operating system's own Python of the lock's version
+(``/usr/bin/python3.11``) when the host has one with ``venv``, else from the Python
+running the workflow. Distributions build theirs with profile-guided and link-time
+optimization, as the CPU image's Debian Python is; a Python built from source
+(pyenv's, by default) is not. A server's start is mostly its three processes
+importing SGLang, torch and transformers, which Debian's build ran faster than a
+pyenv build on our 2-core host. A venv made from another base is rebuilt.
 """
 
 from __future__ import annotations
@@ -37,6 +45,8 @@ VENV = "venv"
 PARTIAL_PREFIX = "venv.partial-"
 # The lock holds cp311 wheels (torch's among them).
 LOCK_PYTHON = (3, 11)
+SYSTEM_PYTHON = Path("/usr/bin/python{}.{}".format(*LOCK_PYTHON))
+BASE_CHECK_SCRIPT = "import ensurepip, sys, venv; print('%d.%d' % sys.version_info[:2])"
 # The versions worth naming in the record; those the lock lacks are left out.
 RECORDED_PACKAGES = (
     "torch",
@@ -93,17 +103,40 @@ def runtime_record(dest: Path) -> dict:
         ) from None
 
 
+def base_python(system_python: Path = SYSTEM_PYTHON) -> Path:
+    """The Python the venv is made from: ``system_python`` when it runs, is the
+    lock's version and has ``venv``; else the Python running this."""
+    wanted = "{}.{}".format(*LOCK_PYTHON)
+    try:
+        found = subprocess.run(
+            [str(system_python), "-c", BASE_CHECK_SCRIPT],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return Path(sys.executable)
+    if found.returncode == 0 and found.stdout.strip() == wanted:
+        return system_python
+    return Path(sys.executable)
+
+
 def ensure_sglang_runtime(
     lock_file: Path,
     dest: Path,
     progress: Callable[[str], None] = print,
+    base: Path | None = None,
 ) -> dict:
-    """Build (or reuse) the venv at ``dest/venv`` from ``lock_file``; return its
-    record, written to ``dest/runtime.json``.
+    """Build (or reuse) the venv at ``dest/venv`` from ``lock_file``, made from
+    ``base`` (``base_python()`` when not given); return its record, written to
+    ``dest/runtime.json``.
 
     ``progress`` receives a status line every ~10 s while pip runs and each line
     pip prints.
     """
+    base = base_python() if base is None else Path(base)
     lock_file = Path(lock_file).resolve()
     dest = Path(dest).resolve()
     pins = read_lock(lock_file)
@@ -115,12 +148,12 @@ def ensure_sglang_runtime(
             " must sit beside the lock"
         )
     _remove_dead_partials(dest)
-    record = _reusable_record(dest, lock_sha256)
+    record = _reusable_record(dest, lock_sha256, base)
     if record is not None:
         _require_files_as_recorded(dest / VENV, progress)
         progress(f"reusing {dest / VENV} (lock sha256 {lock_sha256[:12]})")
     else:
-        record = _build(lock_file, lock_sha256, pins, stand_in, dest, progress)
+        record = _build(lock_file, lock_sha256, pins, stand_in, dest, base, progress)
     # A copy of the venv's own record: Snakemake deletes a job's output before it
     # runs, and a rerun with the same lock must still find the venv reusable.
     _write_json_atomically(dest / RECORD, record)
@@ -133,17 +166,21 @@ def _build(
     pins: dict[str, str],
     stand_in: Path,
     dest: Path,
+    base: Path,
     progress: Callable[[str], None],
 ) -> dict:
-    """Install the lock into a fresh ``dest/venv`` and return its record."""
-    if sys.version_info[:2] != LOCK_PYTHON:
+    """Install the lock into a fresh ``dest/venv`` made from ``base`` and return
+    its record."""
+    if base == Path(sys.executable) and sys.version_info[:2] != LOCK_PYTHON:
         wanted = "{}.{}".format(*LOCK_PYTHON)
         running = "{}.{}".format(*sys.version_info[:2])
         raise RuntimeBuildError(
             f"the lock holds wheels for Python {wanted} but {sys.executable} is"
             f" Python {running}; run the workflow with Python {wanted}"
-            " (envs/workflow.yaml)"
+            f" (envs/workflow.yaml), or install the system's {SYSTEM_PYTHON}"
+            " with venv (Debian: apt-get install python3-venv)"
         )
+    progress(f"making the venv from {base}")
     dest.mkdir(parents=True, exist_ok=True)
     # The records go first: from here on nothing at dest counts as built.
     (dest / RECORD).unlink(missing_ok=True)
@@ -152,7 +189,7 @@ def _build(
     partial = dest / f"{PARTIAL_PREFIX}{os.getpid()}"
     try:
         _run_checked(
-            [sys.executable, "-m", "venv", "--prompt", "sglang-runtime", str(partial)],
+            [str(base), "-m", "venv", "--prompt", "sglang-runtime", str(partial)],
             "creating the venv",
             "make sure this Python has the venv and ensurepip modules"
             " (Debian: apt-get install python3-venv)",
@@ -175,6 +212,7 @@ def _build(
         "lock_file": str(lock_file),
         "lock_sha256": lock_sha256,
         "python": str(python),
+        "base_python": str(base),
         "python_version": installed["python_version"],
         "packages": installed["packages"],
         "stand_in": str(stand_in),
@@ -186,15 +224,17 @@ def _build(
     return record
 
 
-def _reusable_record(dest: Path, lock_sha256: str) -> dict | None:
+def _reusable_record(dest: Path, lock_sha256: str, base: Path) -> dict | None:
     """The venv's own record, when it was built from this very lock at this place
-    and its Python still runs."""
+    from ``base``, and its Python still runs."""
     try:
         record = runtime_record(dest / VENV)
     except RuntimeBuildError:
         return None
     python = dest / VENV / "bin" / "python"
     if record.get("lock_sha256") != lock_sha256 or record.get("python") != str(python):
+        return None
+    if record.get("base_python") != str(base):
         return None
     if _installed_versions(python, []) is None:
         return None
