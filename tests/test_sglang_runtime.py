@@ -27,9 +27,9 @@ from serving_study.measure.server_log_facts import GC_RESUMED_LINE
 from serving_study.sources import sglang_runtime
 from serving_study.sources.hashed_lock import logical_lines
 from serving_study.sources.recorded_files import RecordedFileChanged
+from serving_study.sources.runtime_python import SYSTEM_PYTHON, base_python
 from serving_study.sources.sglang_runtime import (
     RuntimeBuildError,
-    base_python,
     ensure_sglang_runtime,
     read_lock,
     runtime_record,
@@ -195,15 +195,15 @@ def test_the_base_is_the_systems_python_of_the_locks_version_or_this_one(tmp_pat
 
 
 @pytest.mark.skipif(
-    base_python() != sglang_runtime.SYSTEM_PYTHON,
-    reason=f"this host has no {sglang_runtime.SYSTEM_PYTHON} with venv",
+    base_python() != SYSTEM_PYTHON,
+    reason=f"this host has no {SYSTEM_PYTHON} with venv",
 )
 def test_the_venv_is_made_from_the_systems_python_and_rebuilt_for_another_base(
     six_lock, tmp_path
 ):
     dest = tmp_path / "runtime"
     built, _ = build(six_lock, dest)
-    assert built["base_python"] == str(sglang_runtime.SYSTEM_PYTHON)
+    assert built["base_python"] == str(SYSTEM_PYTHON)
     base_prefix = subprocess.run(
         [built["python"], "-c", "import sys; print(sys.base_prefix)"],
         capture_output=True,

@@ -11,13 +11,8 @@ later call with the same lock (by sha256) reuses the venv as long as its Python
 still runs and its files are as ``venv/files.json`` recorded them after the install
 (a venv built before files were recorded has them recorded on its first reuse).
 
-The venv is made from the operating system's own Python of the lock's version
-(``/usr/bin/python3.11``) when the host has one with ``venv``, else from the Python
-running the workflow. Distributions build theirs with profile-guided and link-time
-optimization, as the CPU image's Debian Python is; a Python built from source
-(pyenv's, by default) is not. A server's start is mostly its three processes
-importing SGLang, torch and transformers, which Debian's build ran faster than a
-pyenv build on our 2-core host. A venv made from another base is rebuilt.
+The venv is made from ``runtime_python.base_python()``; a venv made from another
+base is rebuilt.
 """
 
 from __future__ import annotations
@@ -38,15 +33,12 @@ from pathlib import Path
 from serving_study.sources.files import file_sha256, write_json
 from serving_study.sources.hashed_lock import LockNotClosed, read_hashed_lock
 from serving_study.sources.recorded_files import file_digests, require_unchanged
+from serving_study.sources.runtime_python import LOCK_PYTHON, SYSTEM_PYTHON, base_python
 
 RECORD = "runtime.json"
 FILES_RECORD = "files.json"
 VENV = "venv"
 PARTIAL_PREFIX = "venv.partial-"
-# The lock holds cp311 wheels (torch's among them).
-LOCK_PYTHON = (3, 11)
-SYSTEM_PYTHON = Path("/usr/bin/python{}.{}".format(*LOCK_PYTHON))
-BASE_CHECK_SCRIPT = "import ensurepip, sys, venv; print('%d.%d' % sys.version_info[:2])"
 # The versions worth naming in the record; those the lock lacks are left out.
 RECORDED_PACKAGES = (
     "torch",
@@ -101,26 +93,6 @@ def runtime_record(dest: Path) -> dict:
         raise RuntimeBuildError(
             f"{path} is not valid JSON ({error}); delete it and build again"
         ) from None
-
-
-def base_python(system_python: Path = SYSTEM_PYTHON) -> Path:
-    """The Python the venv is made from: ``system_python`` when it runs, is the
-    lock's version and has ``venv``; else the Python running this."""
-    wanted = "{}.{}".format(*LOCK_PYTHON)
-    try:
-        found = subprocess.run(
-            [str(system_python), "-c", BASE_CHECK_SCRIPT],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=60,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return Path(sys.executable)
-    if found.returncode == 0 and found.stdout.strip() == wanted:
-        return system_python
-    return Path(sys.executable)
 
 
 def ensure_sglang_runtime(
