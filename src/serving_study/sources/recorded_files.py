@@ -12,6 +12,7 @@ nor is the timestamp file Snakemake adds to a directory a rule outputs.
 from __future__ import annotations
 
 import os
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from serving_study.sources.files import file_sha256
@@ -30,9 +31,14 @@ class RecordedFileChanged(SourceError):
 
 def file_digests(root: Path, leave_out: tuple[str, ...] = ()) -> dict[str, str]:
     """Relative path -> sha256 of every file under ``root`` (a link: ``"link to
-    <target>"``), bytecode and the relative paths in ``leave_out`` left out."""
+    <target>"``), bytecode and the relative paths in ``leave_out`` left out.
+
+    Files are hashed on every CPU at once (hashlib and reads release the GIL): a
+    venv of several GB is checked at each reuse.
+    """
     root = Path(root)
     digests = {}
+    to_hash = {}
     for directory, folders, files in os.walk(root):
         here = Path(directory)
         folders[:] = sorted(name for name in folders if name != BYTECODE_DIRECTORY)
@@ -45,7 +51,10 @@ def file_digests(root: Path, leave_out: tuple[str, ...] = ()) -> dict[str, str]:
             if path.is_symlink():
                 digests[relative] = LINK_PREFIX + os.readlink(path)
             else:
-                digests[relative] = file_sha256(path)
+                to_hash[relative] = path
+    with ThreadPoolExecutor(max_workers=os.cpu_count() or 1) as pool:
+        hashed = pool.map(file_sha256, to_hash.values())
+        digests.update(zip(to_hash, hashed, strict=True))
     return dict(sorted(digests.items()))
 
 
