@@ -128,7 +128,9 @@ def test_a_variant_for_a_real_server_carries_its_patched_bytecode(tmp_path):
     (tmp_path / "fix.patch").write_text(
         "--- a/python/sglang/srt/managers/mm_utils.py\n"
         "+++ b/python/sglang/srt/managers/mm_utils.py\n"
-        "@@ -1 +1 @@\n-COPY = 'torch'\n+COPY = 'numpy memcpy'\n"
+        # The same size, applied within the same second as a rule: the bytecode
+        # linked from the source would pass Python's check (mtime and size).
+        "@@ -1 +1 @@\n-COPY = 'torch'\n+COPY = 'numpy'\n"
     )
     identity = {"name": "s", "kind": "path"}
     variant = {"name": "v", "source": "s", "patch": "envs/patches/fix.patch"}
@@ -143,8 +145,18 @@ def test_a_variant_for_a_real_server_carries_its_patched_bytecode(tmp_path):
 
     compiled = tmp_path / "v" / "python/sglang/srt/managers/__pycache__"
     (bytecode,) = compiled.glob("mm_utils.cpython-*.pyc")
-    assert b"numpy memcpy" in bytecode.read_bytes()  # compiled after the patch
-    assert not (source / "python/sglang/srt/managers/__pycache__").exists()
+    assert b"numpy" in bytecode.read_bytes()  # compiled after the patch
+    # Compiled once in the source: an unchanged module's bytecode is the source's
+    # own file, linked; the patched module's is the variant's alone.
+    (source_bytecode,) = (source / "python/sglang/srt/managers/__pycache__").glob(
+        "mm_utils.cpython-*.pyc"
+    )
+    assert b"torch" in source_bytecode.read_bytes()
+    (package_bytecode,) = (tmp_path / "v" / "python/sglang/__pycache__").glob("*.pyc")
+    assert package_bytecode.samefile(
+        source / "python/sglang/__pycache__" / package_bytecode.name
+    )
+    assert not bytecode.samefile(source_bytecode)
     prepare_variant(variant, source, identity, tmp_path / "fix.patch", tmp_path / "w")
     assert not list((tmp_path / "w").rglob("*.pyc"))
 

@@ -61,7 +61,9 @@ def prepare_variant(
     With ``compile_bytecode`` the tree's bytecode is written once here: a real
     SGLang server imports thousands of its modules in each of its three processes
     at every start, and a host that sets PYTHONDONTWRITEBYTECODE would otherwise
-    compile them all again each time.
+    compile them all again each time. It is compiled in ``source_tree`` first and
+    linked, so a second variant of one source costs only its changed modules.
+    Without it the variant carries no bytecode.
 
     ``patch_path`` is the variant's ``patch`` resolved by the caller (None when the
     variant has none). A variant with ``pull_request`` fetches that pull request's
@@ -94,11 +96,17 @@ def prepare_variant(
     dest = Path(dest)
     patch_record = None
     pull_request_record = None
+    source_python = Path(source_tree) / "python"
+    if compile_bytecode:
+        # Into the source tree once (bytecode is never among its recorded files):
+        # each variant's linked copy then recompiles only what its change touched.
+        compileall.compile_dir(source_python, quiet=1, workers=0)
     with staged_directory(dest) as staging:
         shutil.copytree(
-            Path(source_tree) / "python",
+            source_python,
             staging / "python",
             copy_function=_link_or_copy,
+            ignore=None if compile_bytecode else shutil.ignore_patterns("__pycache__"),
         )
         if patch_path is not None:
             patch_path = Path(patch_path)
@@ -138,6 +146,7 @@ def prepare_variant(
                 "sha256": file_sha256(diff_path),
             }
         if compile_bytecode:
+            _drop_bytecode_of_changed_modules(staging / "python", source_python)
             compileall.compile_dir(staging / "python", quiet=1, workers=0)
         transport_module = staging / TRANSPORT_MODULE
         if not transport_module.is_file():
@@ -194,6 +203,19 @@ def apply_patch(patch_path: Path, tree: Path, shown_as: str | None = None) -> st
     if result.returncode != 0:
         raise PatchDoesNotApply(shown_as, _failures(report, patch_path))
     return report
+
+
+def _drop_bytecode_of_changed_modules(tree: Path, source_python: Path) -> None:
+    """Unlink the bytecode linked from the source for every module of ``tree``
+    that is no longer the source's own file (patched, or new). Python's check of
+    bytecode (the source's mtime in seconds and its size) could take a patch of
+    the same size made within the same second for the original."""
+    for module in tree.rglob("*.py"):
+        original = source_python / module.relative_to(tree)
+        if original.is_file() and module.samefile(original):
+            continue
+        for bytecode in (module.parent / "__pycache__").glob(f"{module.stem}.*.pyc"):
+            bytecode.unlink()
 
 
 def _link_or_copy(source: str, target: str) -> None:
