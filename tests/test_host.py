@@ -93,9 +93,12 @@ def test_threads_far_above_the_quota_are_warned_about():
         [
             arm(name="default", cpu_quota=0.5, environment={}),
             arm(name="capped", cpu_quota=0.5, environment={"OMP_NUM_THREADS": "1"}),
+            # One thread has no idle worker to spin, however small the quota.
+            arm(name="one", cpu_quota=0.15, environment={"OMP_NUM_THREADS": "1"}),
         ]
     )
-    default, capped = plan
+    default, capped, one = plan
     assert capped["intra_op_threads"] == 1 and capped["warning"] is None
+    assert one["intra_op_threads"] == 1 and one["warning"] is None
     if default["intra_op_threads"] > 1:  # a host with one CPU starts one thread
         assert "ignores the quota" in default["warning"]

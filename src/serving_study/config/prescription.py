@@ -10,11 +10,10 @@ measured.
 
 from __future__ import annotations
 
+import csv
 import math
 from dataclasses import dataclass
 from pathlib import Path
-
-import pandas as pd
 
 # Where the workflow's published fixes tables live (one per results page).
 FIXES_TABLES = "docs/results/*/tables/fixes.csv"
@@ -60,19 +59,33 @@ def measured_costs(fixes_tables: list[Path]) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for table in sorted(Path(path) for path in fixes_tables):
         experiment = table.parent.parent.name
-        for row in pd.read_csv(table).itertuples():
-            key = str(row.fix).split(" (")[0]
-            parts = []
-            if pd.notna(row.throughput_vs_trap):
-                parts.append(f"{row.throughput_vs_trap:.2f}x the trap's throughput")
-            if pd.notna(row.main_cpu_ms_per_request_without_quota):
-                parts.append(
-                    f"{row.main_cpu_ms_per_request_without_quota:.0f} ms main-process "
-                    "CPU per request without a quota"
-                )
-            if parts:
-                found.setdefault(key, []).append(f"{experiment}: {', '.join(parts)}")
+        with open(table, newline="") as rows:
+            for row in csv.DictReader(rows):
+                key = row["fix"].split(" (")[0]
+                parts = []
+                throughput = _number(row.get("throughput_vs_trap"))
+                if throughput is not None:
+                    parts.append(f"{throughput:.2f}x the trap's throughput")
+                main_cpu = _number(row.get("main_cpu_ms_per_request_without_quota"))
+                if main_cpu is not None:
+                    parts.append(
+                        f"{main_cpu:.0f} ms main-process CPU per request without a "
+                        "quota"
+                    )
+                if parts:
+                    found.setdefault(key, []).append(
+                        f"{experiment}: {', '.join(parts)}"
+                    )
     return found
+
+
+def _number(text: str | None) -> float | None:
+    """A table cell's number; None when it is empty (a fix not measured there)."""
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(value) else value
 
 
 def prescription(threads: int, quota_cores: float, fixes_tables: list[Path]) -> str:

@@ -161,9 +161,10 @@ def container_runtimes() -> dict:
 
 def arm_thread_plan(arms: list[Arm], fixes_tables: list[Path] = ()) -> list[dict]:
     """Per arm: the quota, the intra-op threads its server will start, and a warning
-    when those threads exceed the quota by more than 2x (the study's trap), with
-    the doctor's prescription (prescription.py; ``fixes_tables`` are the
-    published measurements of the fixes)."""
+    when there are several and they exceed the quota by more than 2x (the study's
+    trap: one thread has no idle worker to spin), with the doctor's prescription
+    (prescription.py; ``fixes_tables`` are the published measurements of the
+    fixes)."""
     threads_by_environment: dict[str, int | None] = {}
     plan = []
     for arm in arms:
@@ -173,7 +174,7 @@ def arm_thread_plan(arms: list[Arm], fixes_tables: list[Path] = ()) -> list[dict
         threads = threads_by_environment[key]
         quota = arm.cpu_quota
         warning = None
-        if threads is not None and quota is not None and threads > 2 * quota:
+        if threads and threads > 1 and quota is not None and threads > 2 * quota:
             warning = (
                 f"arm {arm.name}: the server starts {threads} intra-op threads "
                 f"under a {quota:g}-core quota ({threads / quota:.1f}x): PyTorch's "
