@@ -10,6 +10,7 @@ import os
 import signal
 import sys
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -43,14 +44,16 @@ if __name__ == "__main__":
 """
 
 
-def stopped_server_log(tmp_path, **stop_settings) -> str:
+@contextmanager
+def ready_server(tmp_path, program: str, label: str, **stop_settings):
+    """A LocalServer running ``program``, once it printed "ready"; stopped on exit."""
     script = tmp_path / "server.py"
-    script.write_text(SIGNAL_REPORTING_SERVER)
+    script.write_text(program)
     server = LocalServer(
         [sys.executable, str(script)],
         dict(os.environ),
         None,
-        f"stop-test-{os.getpid()}-{len(stop_settings)}",
+        f"stop-test-{os.getpid()}-{label}",
         tmp_path / "server.log",
         quota_during_startup=False,
         **stop_settings,
@@ -61,8 +64,16 @@ def stopped_server_log(tmp_path, **stop_settings) -> str:
         while "ready" not in server.log_tail() and time.monotonic() < deadline:
             time.sleep(0.05)
         assert "ready" in server.log_tail()
+        yield server
     finally:
         server.stop(grace_s=30)
+
+
+def stopped_server_log(tmp_path, **stop_settings) -> str:
+    with ready_server(
+        tmp_path, SIGNAL_REPORTING_SERVER, str(len(stop_settings)), **stop_settings
+    ):
+        pass
     return (tmp_path / "server.log").read_text()
 
 
@@ -122,32 +133,20 @@ def semaphores() -> set[str]:
 
 
 def test_a_stopped_server_leaves_no_named_semaphore(tmp_path):
-    script = tmp_path / "server.py"
-    script.write_text(SEMAPHORE_LEAVING_SERVER)
     before = semaphores()
     # Another program's, unheld and older than the server: not the server's to remove.
     elsewhere = Path("/dev/shm") / f"sem.mp-test{os.getpid()}"
     elsewhere.write_bytes(b"\0" * 32)
-    server = LocalServer(
-        [sys.executable, str(script)],
-        dict(os.environ),
-        None,
-        f"stop-test-{os.getpid()}-semaphore",
-        tmp_path / "server.log",
-        quota_during_startup=False,
-        terminate_leader_only=True,
-        stop_signal=signal.SIGINT,
-    )
     try:
-        server.start()
-        try:
-            deadline = time.monotonic() + 30
-            while "ready" not in server.log_tail() and time.monotonic() < deadline:
-                time.sleep(0.05)
+        with ready_server(
+            tmp_path,
+            SEMAPHORE_LEAVING_SERVER,
+            "semaphore",
+            terminate_leader_only=True,
+            stop_signal=signal.SIGINT,
+        ) as server:
             made = semaphores() - before - {elsewhere.name}
             assert len(made) == 1, server.log_tail()
-        finally:
-            server.stop(grace_s=30)
         assert semaphores() - before == {elsewhere.name}
         assert server.leaked_segments == []  # left by design, not a leak
     finally:
