@@ -407,16 +407,22 @@ def test_the_collector_is_paused_only_when_asked_and_resumes_at_the_first_freeze
 ):
     script = textwrap.dedent(
         """
-        import gc, json
+        import gc, json, weakref
+        class Junk:
+            pass
         before = {"enabled": gc.isenabled(), "freeze": gc.freeze.__name__}
-        junk = []
-        junk.append(junk)  # a cycle only the collector frees
+        junk = Junk()
+        junk.itself = junk  # a cycle only the collector frees
+        alive = weakref.ref(junk)
         del junk
         gc.freeze()
         after = {"enabled": gc.isenabled(), "freeze": gc.freeze.__name__}
+        kept = alive() is not None  # frozen as it was, not collected first
         gc.freeze()
         frozen = gc.get_freeze_count()
-        print(json.dumps({"before": before, "after": after, "frozen": frozen}))
+        print(json.dumps(
+            {"before": before, "after": after, "kept": kept, "frozen": frozen}
+        ))
         """
     )
     asked = subprocess.run(
@@ -431,6 +437,7 @@ def test_the_collector_is_paused_only_when_asked_and_resumes_at_the_first_freeze
     facts = json.loads(asked.stdout)
     assert facts["before"] == {"enabled": False, "freeze": "resume_then_freeze"}
     assert facts["after"] == {"enabled": True, "freeze": "freeze"}
+    assert facts["kept"] is True
     assert facts["frozen"] > 0
     resumed = [line for line in asked.stderr.splitlines() if "gc resumed" in line]
     assert len(resumed) == 1 and GC_RESUMED_LINE.fullmatch(resumed[0])
