@@ -1,6 +1,9 @@
 """What ties a run record to its code and config, on real inputs."""
 
+import json
 import subprocess
+import sys
+from importlib import metadata
 
 from serving_study.measure.run_provenance import config_sha256, project_commit
 
@@ -48,3 +51,20 @@ def test_the_config_hash_ignores_key_order_and_sees_every_value():
     changed = {"seed": 1, "arms": [{"cpu_quota": 0.25, "name": "A"}]}
     assert config_sha256(first) == config_sha256(reordered)
     assert config_sha256(first) != config_sha256(changed)
+
+
+def test_the_runner_s_torch_version_is_read_without_importing_torch():
+    # Importing torch cost each run ~3 s before its server started.
+    script = (
+        "import json, sys\n"
+        "from serving_study.measure.run_provenance import run_provenance\n"
+        "record = run_provenance({}, {}, {'source': {}})\n"
+        "print(json.dumps([record['versions']['torch_of_runner'],"
+        " 'torch' in sys.modules]))\n"
+    )
+    finished = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, check=True
+    )
+    version, imported = json.loads(finished.stdout)
+    assert version == metadata.version("torch")
+    assert imported is False

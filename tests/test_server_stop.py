@@ -45,17 +45,20 @@ if __name__ == "__main__":
 
 
 @contextmanager
-def ready_server(tmp_path, program: str, label: str, **stop_settings):
-    """A LocalServer running ``program``, once it printed "ready"; stopped on exit."""
+def ready_server(
+    tmp_path, program: str, label: str, quota_cores=None, **stop_settings
+):
+    """A LocalServer running ``program`` (under ``quota_cores`` from its start),
+    once it printed "ready"; stopped on exit."""
     script = tmp_path / "server.py"
     script.write_text(program)
     server = LocalServer(
         [sys.executable, str(script)],
         dict(os.environ),
-        None,
+        quota_cores,
         f"stop-test-{os.getpid()}-{label}",
         tmp_path / "server.log",
-        quota_during_startup=False,
+        quota_during_startup=quota_cores is not None,
         **stop_settings,
     )
     server.start()
@@ -89,6 +92,36 @@ def test_other_servers_get_sigterm_in_every_process(tmp_path):
     log = stopped_server_log(tmp_path)
     assert "MainProcess got SIGTERM" in log
     assert "child got SIGTERM" in log
+
+
+# Prints the quota of its own group when asked to stop.
+QUOTA_REPORTING_SERVER = """
+import json, os, signal, time
+from serving_study.servers.cpu_group import group_of_pid
+
+def report(signal_number, frame):
+    quota = group_of_pid(os.getpid()).quota_in_force()
+    print("quota at stop:", json.dumps(quota["cores"]), flush=True)
+    os._exit(0)
+
+signal.signal(signal.SIGINT, report)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_server_stops_without_its_quota(tmp_path):
+    # A stop is not measured; under the arm's quota it only takes longer.
+    with ready_server(
+        tmp_path,
+        QUOTA_REPORTING_SERVER,
+        "quota",
+        quota_cores=0.5,
+        terminate_leader_only=True,
+        stop_signal=signal.SIGINT,
+    ) as server:
+        assert server.group.quota_in_force()["cores"] == 0.5
+    assert "quota at stop: null" in (tmp_path / "server.log").read_text()
 
 
 def test_a_container_is_stopped_with_the_signal_it_was_given():

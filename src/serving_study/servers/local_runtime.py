@@ -192,10 +192,14 @@ class LocalServer:
         return log_tail(self.log_path, lines)
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Terminate the tree, empty and remove the cgroup, unlink leaked segments."""
+        """Terminate the tree, empty and remove the cgroup, unlink leaked segments.
+
+        The quota is lifted first: a stop is not measured, and under a 0.15-core
+        quota SGLang's main process took 6 s to exit, 2 s without it."""
         try:
             if self.process is not None:
                 self.remember_tree()
+                self._lift_quota()
                 self._terminate_process_group(grace_s)
         finally:
             try:
@@ -205,6 +209,12 @@ class LocalServer:
                         group.remove()
             finally:
                 self._unlink_leaked_segments()
+
+    def _lift_quota(self) -> None:
+        try:
+            self.group.set_quota(None)
+        except OSError as error:  # the group is gone: nothing left to throttle
+            log.debug("quota not lifted before the stop: %s", error)
 
     def _terminate_process_group(self, grace_s: float) -> None:
         if self.process.poll() is None:
