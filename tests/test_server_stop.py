@@ -45,9 +45,7 @@ if __name__ == "__main__":
 
 
 @contextmanager
-def ready_server(
-    tmp_path, program: str, label: str, quota_cores=None, **stop_settings
-):
+def ready_server(tmp_path, program: str, label: str, quota_cores=None, **stop_settings):
     """A LocalServer running ``program`` (under ``quota_cores`` from its start),
     once it printed "ready"; stopped on exit."""
     script = tmp_path / "server.py"
