@@ -13,6 +13,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from importlib import metadata
 from pathlib import Path
 
@@ -165,13 +166,18 @@ def arm_thread_plan(arms: list[Arm], fixes_tables: list[Path] = ()) -> list[dict
     trap: one thread has no idle worker to spin), with the doctor's prescription
     (prescription.py; ``fixes_tables`` are the published measurements of the
     fixes)."""
-    threads_by_environment: dict[str, int | None] = {}
+
+    def environment_key(arm: Arm) -> str:
+        return json.dumps(dict(arm.environment), sort_keys=True)
+
+    # One probe per distinct environment, side by side: each imports torch (~4 s).
+    environments = {environment_key(arm): dict(arm.environment) for arm in arms}
+    with ThreadPoolExecutor(max_workers=max(1, len(environments))) as probes:
+        probed = probes.map(intra_op_threads, environments.values())
+        threads_by_environment = dict(zip(environments, probed, strict=True))
     plan = []
     for arm in arms:
-        key = json.dumps(dict(arm.environment), sort_keys=True)
-        if key not in threads_by_environment:
-            threads_by_environment[key] = intra_op_threads(dict(arm.environment))
-        threads = threads_by_environment[key]
+        threads = threads_by_environment[environment_key(arm)]
         quota = arm.cpu_quota
         warning = None
         if threads and threads > 1 and quota is not None and threads > 2 * quota:
