@@ -195,7 +195,7 @@ class LocalServer:
         """Terminate the tree, empty and remove the cgroup, unlink leaked segments.
 
         The quota is lifted first: a stop is not measured, and under a 0.15-core
-        quota SGLang's main process took 6 s to exit, 2 s without it."""
+        quota SGLang's main process took 6.8 s to exit, 3 s without it."""
         try:
             if self.process is not None:
                 self.remember_tree()
