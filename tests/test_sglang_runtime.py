@@ -435,7 +435,7 @@ def test_the_collector_is_paused_only_when_asked_and_resumes_at_the_first_freeze
         check=True,
     )
     facts = json.loads(asked.stdout)
-    assert facts["before"] == {"enabled": False, "freeze": "resume_then_freeze"}
+    assert facts["before"] == {"enabled": False, "freeze": "freeze_then_resume"}
     assert facts["after"] == {"enabled": True, "freeze": "freeze"}
     assert facts["kept"] is True
     assert facts["frozen"] > 0

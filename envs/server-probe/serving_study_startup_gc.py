@@ -37,11 +37,11 @@ def pause_until_first_freeze() -> None:
         return
     real_freeze = gc.freeze
 
-    def resume_then_freeze() -> None:
+    def freeze_then_resume() -> None:
         gc.freeze = real_freeze
         real_freeze()
         gc.enable()
         print(RESUMED_LINE.format(pid=os.getpid()), file=sys.stderr, flush=True)
 
     gc.disable()
-    gc.freeze = resume_then_freeze
+    gc.freeze = freeze_then_resume
