@@ -664,6 +664,53 @@ def test_quota_applied_once_healthy_and_teardown_sweeps_shared_memory(
     assert docker("inspect", server.container_id, check=False).returncode != 0
 
 
+# Prints the CPU quota its container's processes see (cgroup v2 or v1) when stopped.
+QUOTA_REPORTING_SERVER = """
+import signal, sys, time
+
+def quota_text():
+    try:
+        return open("/sys/fs/cgroup/cpu.max").read().strip()
+    except FileNotFoundError:
+        read = lambda name: open(f"/sys/fs/cgroup/cpu/cpu.cfs_{name}_us").read().strip()
+        return read("quota") + " " + read("period")
+
+def report(signal_number, frame):
+    print("quota at stop:", quota_text(), flush=True)
+    sys.exit(0)
+
+signal.signal(signal.SIGTERM, report)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.mark.docker
+def test_a_container_stops_without_its_quota(embedded_image, tmp_path):
+    # A stop is not measured; under the arm's quota it only takes longer.
+    server = container_server(
+        [EMBEDDED_PYTHON, "-c", QUOTA_REPORTING_SERVER],
+        "quota-lifted",
+        embedded_image,
+        tmp_path,
+        quota_cores=0.5,
+    )
+    try:
+        server.start()
+        deadline = time.monotonic() + 60
+        while "ready" not in server.log_tail() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert server.quota_seen_inside()["cores"] == pytest.approx(0.5)
+    finally:
+        server.stop()
+    assert server.exit_code() == 0
+    (at_stop,) = [
+        line for line in server.log_tail().splitlines() if "quota at stop:" in line
+    ]
+    quota = parse_quota(at_stop.split("quota at stop:", 1)[1])
+    assert quota["cores"] == pytest.approx(os.cpu_count())
+
+
 @pytest.mark.docker
 def test_a_server_that_exits_is_reported_with_its_code_and_log(
     embedded_image, tmp_path
