@@ -35,13 +35,10 @@ from serving_study.servers.container_commands import (
     run_command,
     shared_memory_bytes,
 )
-from serving_study.servers.container_runtime import (
-    ContainerServer,
-    namespace_pid,
-    segment_creator,
-)
+from serving_study.servers.container_runtime import ContainerServer
 from serving_study.servers.host import unmet_needs
 from serving_study.servers.local_runtime import free_port
+from serving_study.servers.shared_memory import namespace_pid, segment_creator
 from serving_study.sources.files import file_sha256
 from serving_study.sources.images import (
     EMBEDDED_PYTHON,

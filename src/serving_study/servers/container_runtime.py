@@ -36,33 +36,18 @@ from serving_study.servers.container_commands import (
 )
 from serving_study.servers.cpu_group import CpuGroup, group_of_pid
 from serving_study.servers.local_runtime import log_tail
-from serving_study.servers.shared_memory import remove_unheld, shutdown_leftovers
+from serving_study.servers.shared_memory import (
+    SGLANG_SEGMENT_PREFIX,
+    namespace_pid,
+    remove_unheld,
+    segment_creator,
+    shutdown_leftovers,
+)
 
 log = logging.getLogger(__name__)
 
-# SGLang 0.5.23 names segments sgl_shm_<kind>_<creator pid>_<8 hex>.
-SGLANG_SEGMENT_PREFIX = "sgl_shm_"
 HOST_SHARED_MEMORY = Path("/dev/shm")
 COMMAND_TIMEOUT_S = 300
-
-
-def namespace_pid(pid: int) -> int | None:
-    """The pid a host process has inside its own pid namespace (NSpid's last field)."""
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("NSpid:"):
-                return int(line.split()[-1])
-    except (OSError, ValueError):
-        return None
-    return None
-
-
-def segment_creator(name: str) -> int | None:
-    """The creator pid an SGLang segment's name holds (a pid of its namespace)."""
-    parts = name.split("_")
-    if len(parts) >= 5 and parts[-2].isdigit():
-        return int(parts[-2])
-    return None
 
 
 # --- The server ------------------------------------------------------------------

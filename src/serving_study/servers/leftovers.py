@@ -42,11 +42,11 @@ from serving_study.servers.cgroups import (
     remove_group_directory,
 )
 from serving_study.servers.container_commands import OWNER_LABEL
-from serving_study.servers.container_runtime import segment_creator
 from serving_study.servers.shared_memory import (
     SHARED_MEMORY,
     file_key,
     files_held_open,
+    segment_creator,
 )
 
 log = logging.getLogger(__name__)

@@ -30,6 +30,7 @@ from serving_study.config.schema import property_schema
 from serving_study.servers.cgroups import CpuQuotaGroup, wrap_command
 from serving_study.servers.parent_death import killed_with_parent
 from serving_study.servers.shared_memory import (
+    SGLANG_SEGMENT_PREFIX,
     SHARED_MEMORY,
     remove_unheld,
     shutdown_leftovers,
@@ -37,8 +38,6 @@ from serving_study.servers.shared_memory import (
 
 log = logging.getLogger(__name__)
 
-# SGLang 0.5.23 names segments sgl_shm_<kind>_<creator pid>_<8 hex>.
-SGLANG_SEGMENT_PREFIX = "sgl_shm_"
 MODEL_PROCESS_TITLE_PREFIX = "sglang::"
 QUOTA_SCOPES = tuple(property_schema("arms", "quota_scope")["enum"])
 

@@ -6,7 +6,9 @@ them, so two kinds of file outlive a server that stopped as asked: SGLang's
 load-report files ``sglang_loads_*.shm``, and the named semaphores ``sem.mp-*``
 that only the tracker would have unlinked. A server's teardown removes those that
 appeared while it ran and that no live process holds (another program on the host
-may have made one meanwhile, and still use it).
+may have made one meanwhile, and still use it). SGLang's own segments name the
+pid that made them, as its pid namespace sees it (``segment_creator``,
+``namespace_pid``), so a container's can be told from others in a shared /dev/shm.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from pathlib import Path
 
 SHARED_MEMORY = Path("/dev/shm")
 SHUTDOWN_LEFTOVERS = ("sglang_loads_*.shm", "sem.mp-*")
+# SGLang 0.5.23 names segments sgl_shm_<kind>_<creator pid>_<8 hex>.
+SGLANG_SEGMENT_PREFIX = "sgl_shm_"
 
 
 def shutdown_leftovers(shared_memory: Path = SHARED_MEMORY) -> set[Path]:
@@ -97,3 +101,22 @@ def _open_files(pid: str, prefix: str) -> set[tuple[int, int, int]]:
 
 def file_key(device: int, inode: int) -> tuple[int, int, int]:
     return os.major(device), os.minor(device), inode
+
+
+def namespace_pid(pid: int) -> int | None:
+    """The pid a host process has inside its own pid namespace (NSpid's last field)."""
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("NSpid:"):
+                return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def segment_creator(name: str) -> int | None:
+    """The creator pid an SGLang segment's name holds (a pid of its namespace)."""
+    parts = name.split("_")
+    if len(parts) >= 5 and parts[-2].isdigit():
+        return int(parts[-2])
+    return None
