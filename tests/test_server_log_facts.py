@@ -8,6 +8,7 @@ from serving_study.measure.server_log_facts import (
     is_reported,
     loaded_modules,
     main_process_load,
+    reported_values,
     stand_in_calls,
 )
 
@@ -69,6 +70,22 @@ def test_each_process_reports_its_own_thread_knobs():
     assert main_process_load(LOG, 100).environment == {}
     assert is_reported("OMP_NUM_THREADS") and is_reported("GOMP_SPINCOUNT")
     assert not is_reported("HF_TOKEN")
+
+
+def test_the_arms_variables_are_taken_from_the_probes_report():
+    reported = {"OMP_NUM_THREADS": "1", "ARM_KNOB": "on", "ARM_UNSET": None}
+    reported |= {"HF_TOKEN": "<set>", "OTHER_TOKEN": None}
+    expected = {"ARM_KNOB": "on", "ARM_UNSET": "x", "HF_TOKEN": "runner's"}
+    expected |= {"OTHER_TOKEN": "runner's", "GOMP_SPINCOUNT": "0", "NOT_ASKED": "y"}
+    assert reported_values(reported, expected) == {
+        "ARM_KNOB": "on",
+        "ARM_UNSET": None,
+        # Set in the server: it can only hold the value the runner passed.
+        "HF_TOKEN": "runner's",
+        "OTHER_TOKEN": None,
+        # A thread knob the probe would have reported had it been set.
+        "GOMP_SPINCOUNT": None,
+    }
 
 
 def test_placeholders_are_told_apart_from_the_real_op():

@@ -319,9 +319,13 @@ def probe_lines(stderr: str) -> list[dict]:
     ]
 
 
-def run_with_probe(arguments: list[str], tree: Path) -> subprocess.CompletedProcess:
-    """Run this Python in ``tree`` with the tree and the probe on PYTHONPATH."""
+def run_with_probe(
+    arguments: list[str], tree: Path, **variables: str
+) -> subprocess.CompletedProcess:
+    """Run this Python in ``tree`` with the tree and the probe on PYTHONPATH (and
+    ``variables`` set)."""
     environment = dict(os.environ, PYTHONPATH=f"{tree}{os.pathsep}{PROBE}")
+    environment.update(variables)
     return subprocess.run(
         [sys.executable, *arguments],
         capture_output=True,
@@ -376,6 +380,29 @@ def test_the_probe_reports_the_module_once_and_changes_nothing_else(tmp_path):
         "torch_imported": False,
         "pid": facts["pid"],
     }
+
+
+def test_the_probe_reports_the_arms_variables_and_only_the_presence_of_its_secrets(
+    tmp_path,
+):
+    # SGLang's process titles overwrite /proc/<pid>/environ: the runner reads the
+    # arm's variables from this report instead.
+    fake_mm_utils(tmp_path)
+    secret = "s3cr3t-value-0123456789"
+    finished = run_with_probe(
+        ["-c", "import sglang.srt.managers.mm_utils"],
+        tmp_path,
+        SERVING_STUDY_REPORT_VARIABLES="ARM_KNOB,ARM_UNSET",
+        SERVING_STUDY_REPORT_PRESENCE="ARM_PASSED_TOKEN,ARM_MISSING_TOKEN",
+        ARM_KNOB="on",
+        ARM_PASSED_TOKEN=secret,
+    )
+    (line,) = probe_lines(finished.stderr)
+    reported = line["environment"]
+    assert reported["ARM_KNOB"] == "on" and reported["ARM_UNSET"] is None
+    assert reported["ARM_PASSED_TOKEN"] == "<set>"
+    assert reported["ARM_MISSING_TOKEN"] is None
+    assert secret not in finished.stderr + finished.stdout
 
 
 def test_the_probe_reports_from_a_spawned_process(tmp_path):

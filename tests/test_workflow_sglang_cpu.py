@@ -67,6 +67,10 @@ def test_every_run_of_the_real_server_is_valid(finished_study):
         assert metrics["throughput_rps"] > 0
         assert metrics["main_cpu_percent"] > 0
         assert metrics["scheduler_cpu_percent"] > 0
+    # SGLang's process titles overwrite /proc/<pid>/environ; the arm's own variable
+    # is still seen, as the main process reported it.
+    checks = run_files(finished_study, "original")["metrics"]["checks"]
+    assert checks["environment_seen"] == {"SGLANG_WARMUP_TIMEOUT": "600"}
 
 
 def test_the_server_is_sglangs_own_with_the_variants_mm_utils(finished_study):

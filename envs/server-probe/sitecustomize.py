@@ -36,6 +36,12 @@ PROBED_MODULES = frozenset(
 # no witness once a process has imported setproctitle, which reuses that memory.
 THREAD_KNOB_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_")
 SECRET_NAME_PARTS = ("TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "API_KEY")
+# For the same reason the runner names, comma-separated, the other variables an arm
+# sets (reported with their values, null when unset) and the secrets it passes
+# (reported as SECRET_SET when set, never by value).
+REPORT_VARIABLES_VARIABLE = "SERVING_STUDY_REPORT_VARIABLES"
+REPORT_PRESENCE_VARIABLE = "SERVING_STUDY_REPORT_PRESENCE"
+SECRET_SET = "<set>"
 
 
 def _process_title() -> str:
@@ -51,6 +57,31 @@ def _process_title() -> str:
     return " ".join(title.split())  # one line, even for ``python -c`` scripts
 
 
+def _looks_secret(name: str) -> bool:
+    return any(part in name.upper() for part in SECRET_NAME_PARTS)
+
+
+def _named_in(variable: str) -> list[str]:
+    return [name for name in os.environ.get(variable, "").split(",") if name]
+
+
+def _reported_environment() -> dict:
+    """The thread knobs set here, and the variables the runner asked about."""
+    reported = {
+        name: value
+        for name, value in sorted(os.environ.items())
+        if name.startswith(THREAD_KNOB_PREFIXES) and not _looks_secret(name)
+    }
+    with_values = _named_in(REPORT_VARIABLES_VARIABLE)
+    for name in with_values:
+        if not _looks_secret(name):
+            reported[name] = os.environ.get(name)
+    for name in _named_in(REPORT_PRESENCE_VARIABLE) + with_values:
+        if name not in reported:
+            reported[name] = SECRET_SET if name in os.environ else None
+    return reported
+
+
 def _report(module: ModuleType) -> None:
     path = os.path.abspath(module.__file__)
     with open(path, "rb") as source:
@@ -63,12 +94,7 @@ def _report(module: ModuleType) -> None:
         "pid": os.getpid(),
         "title": _process_title(),
         "torch_threads": torch.get_num_threads() if torch is not None else None,
-        "environment": {
-            name: value
-            for name, value in sorted(os.environ.items())
-            if name.startswith(THREAD_KNOB_PREFIXES)
-            and not any(part in name for part in SECRET_NAME_PARTS)
-        },
+        "environment": _reported_environment(),
     }
     print(f"serving-study loaded: {json.dumps(record)}", file=sys.stderr, flush=True)
 

@@ -16,7 +16,11 @@ from serving_study.config.platform import (
     python_path,
 )
 from serving_study.config.records import Arm, ServerSettings, Variant
-from serving_study.measure.server_log_facts import REPORT_MODULES_VARIABLE
+from serving_study.measure.server_log_facts import (
+    REPORT_MODULES_VARIABLE,
+    REPORT_PRESENCE_VARIABLE,
+    REPORT_VARIABLES_VARIABLE,
+)
 from serving_study.servers.commands import embedded_server_argv
 from serving_study.servers.sglang_commands import (
     model_flags,
@@ -112,6 +116,9 @@ def arm_environment(
         environment[REPORT_MODULES_VARIABLE] = ",".join(
             changed_modules(variant.identity, PROJECT_ROOT)
         )
+    # ... and what the server's processes see of the arm's own variables.
+    environment[REPORT_VARIABLES_VARIABLE] = ",".join(sorted(arm.environment))
+    environment[REPORT_PRESENCE_VARIABLE] = ",".join(sorted(arm.secret_environment))
     if not server_settings.in_container and variant is not None:
         environment["PYTHONPATH"] = python_path(platform, variant.sglang_python_root)
     return environment

@@ -16,9 +16,9 @@ from serving_study.config.records import Arm, ClientSettings, ServerSettings, Va
 from serving_study.measure.server_log_facts import (
     gc_never_resumed,
     inline_fallback_reported,
-    is_reported,
     loaded_modules,
     main_process_load,
+    reported_values,
     stand_in_calls,
 )
 from serving_study.servers.container_runtime import ContainerServer
@@ -55,7 +55,7 @@ def validity_checks(
     reported = identity.pop("environment_reported", None)
     seen = environment_seen(server.pid, expected)
     if reported is not None:
-        seen |= {name: reported.get(name) for name in expected if is_reported(name)}
+        seen |= reported_values(reported, expected)
     expected_record, seen_record = redacted_check(expected, seen, secrets)
     return {
         "quota_expected_cores": arm.cpu_quota,

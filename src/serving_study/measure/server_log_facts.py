@@ -31,8 +31,13 @@ INLINE_FALLBACK_TEXT = "falling back to inline transport"
 TRANSPORT_MODULE = "sglang.srt.managers.mm_utils"
 # Further modules the probe reports, named by the runner (comma-separated).
 REPORT_MODULES_VARIABLE = "SERVING_STUDY_REPORT_MODULES"
-# The variables the probe reports as the process sees them (its thread knobs).
+# The variables the probe reports as the process sees them: its thread knobs, and
+# those the runner names (/proc/<pid>/environ is overwritten by SGLang's process
+# titles): an arm's variables by value, its secrets as SECRET_SET or null.
 REPORTED_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_")
+REPORT_VARIABLES_VARIABLE = "SERVING_STUDY_REPORT_VARIABLES"
+REPORT_PRESENCE_VARIABLE = "SERVING_STUDY_REPORT_PRESENCE"
+SECRET_SET = "<set>"
 # How the main process's command line names the server it starts.
 SERVER_COMMANDS = ("sglang.launch_server", "sglang serve")
 
@@ -47,7 +52,7 @@ class LoadedModule:
     pid: int
     title: str
     torch_threads: int | None
-    environment: dict[str, str]  # the thread knobs the process saw
+    environment: dict[str, str | None]  # thread knobs and the variables asked about
 
 
 @dataclass(frozen=True)
@@ -59,8 +64,23 @@ class StandInCall:
 
 
 def is_reported(name: str) -> bool:
-    """The probe reports this variable (envs/server-probe/sitecustomize.py)."""
+    """The probe reports this variable unasked (envs/server-probe/sitecustomize.py)."""
     return name.startswith(REPORTED_PREFIXES)
+
+
+def reported_values(
+    reported: dict[str, str | None], expected: dict[str, str | None]
+) -> dict[str, str | None]:
+    """The values the probe saw of the ``expected`` variables it reports. A secret
+    it saw set holds the runner's value: the runner passed it and nothing else can."""
+    seen = {}
+    for name, value in expected.items():
+        if name not in reported and not is_reported(name):
+            continue
+        seen[name] = reported.get(name)
+        if seen[name] == SECRET_SET:
+            seen[name] = value
+    return seen
 
 
 def loaded_modules(log_text: str) -> list[LoadedModule]:
