@@ -26,6 +26,7 @@ from serving_study.config.platform import CPU_PLATFORM, GPU_PLATFORM
 from serving_study.engine.preprocess import preprocess_image
 from serving_study.measure.server_queries import ServerNeverHealthy, wait_until_healthy
 from serving_study.servers.container_commands import (
+    QUOTA_INSIDE_SCRIPT,
     ContainerCommandFailed,
     container_options,
     gpu_options,
@@ -661,32 +662,21 @@ def test_quota_applied_once_healthy_and_teardown_sweeps_shared_memory(
     assert docker("inspect", server.container_id, check=False).returncode != 0
 
 
-# Prints the CPU quota its container's processes see (cgroup v2 or v1) when stopped.
-QUOTA_REPORTING_SERVER = """
-import signal, sys, time
-
-def quota_text():
-    try:
-        return open("/sys/fs/cgroup/cpu.max").read().strip()
-    except FileNotFoundError:
-        read = lambda name: open(f"/sys/fs/cgroup/cpu/cpu.cfs_{name}_us").read().strip()
-        return read("quota") + " " + read("period")
-
-def report(signal_number, frame):
-    print("quota at stop:", quota_text(), flush=True)
-    sys.exit(0)
-
-signal.signal(signal.SIGTERM, report)
-print("ready", flush=True)
-time.sleep(120)
-"""
+# Prints the CPU quota its container's processes see, read as the runner reads it,
+# when it is stopped.
+QUOTA_REPORTING_SERVER = [
+    "sh",
+    "-c",
+    f"trap 'echo \"quota at stop: $({QUOTA_INSIDE_SCRIPT})\"; exit 0' TERM; "
+    "echo ready; sleep 120 & wait",
+]
 
 
 @pytest.mark.docker
 def test_a_container_stops_without_its_quota(embedded_image, tmp_path):
     # A stop is not measured; under the arm's quota it only takes longer.
     server = container_server(
-        [EMBEDDED_PYTHON, "-c", QUOTA_REPORTING_SERVER],
+        QUOTA_REPORTING_SERVER,
         "quota-lifted",
         embedded_image,
         tmp_path,
