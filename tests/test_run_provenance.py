@@ -1,11 +1,19 @@
 """What ties a run record to its code and config, on real inputs."""
 
 import json
+import logging
+import os
+import socket
 import subprocess
 import sys
 from importlib import metadata
 
-from serving_study.measure.run_provenance import config_sha256, project_commit
+from serving_study.measure.run_provenance import (
+    config_sha256,
+    project_commit,
+    run_provenance,
+)
+from serving_study.servers.host import cpu_model
 
 
 def git(directory, *arguments):
@@ -68,3 +76,49 @@ def test_the_runner_s_torch_version_is_read_without_importing_torch():
     version, imported = json.loads(finished.stdout)
     assert version == metadata.version("torch")
     assert imported is False
+
+
+def test_a_run_records_its_node_and_flags_a_node_host_json_does_not_describe(
+    monkeypatch, caplog
+):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    node = {
+        "hostname": socket.gethostname(),
+        "slurm_job_id": "4242",
+        "cpu_model": cpu_model(),
+        "visible_cpus": len(os.sched_getaffinity(0)),
+    }
+    # host.json as the preflight wrote it on this node (a few of its fields).
+    this_host = {
+        "hostname": node["hostname"],
+        "cpu_model": node["cpu_model"],
+        "cpu_count": os.cpu_count(),
+        "visible_cpus": node["visible_cpus"],
+        "kernel": "any",
+    }
+    with caplog.at_level(logging.WARNING):
+        record = run_provenance({}, this_host, {"source": {}})
+    assert record["node"] == node
+    assert record["node_differs_from_host"] == []
+    assert "differs" not in caplog.text
+
+    # The preflight ran on another node of the partition, with more CPUs.
+    other_node = this_host | {
+        "hostname": "gpu-node-17",
+        "visible_cpus": node["visible_cpus"] + 64,
+    }
+    with caplog.at_level(logging.WARNING):
+        record = run_provenance({}, other_node, {"source": {}})
+    assert record["node"] == node
+    assert record["node_differs_from_host"] == ["hostname", "visible_cpus"]
+    assert "differs from the host host.json describes in hostname, visible_cpus" in (
+        caplog.text
+    )
+
+
+def test_outside_slurm_a_run_has_no_job_id(monkeypatch):
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    record = run_provenance({}, {}, {"source": {}})
+    assert record["node"]["slurm_job_id"] is None
+    # An empty host description describes nothing to differ from.
+    assert record["node_differs_from_host"] == []

@@ -7,6 +7,9 @@ Every run's provenance gets, besides what the runner saw of the server:
   config the workflow ran, as canonical JSON), so two runs of the same settings
   show the same hash whatever files and key order they came from;
 - the host's description, as preflight wrote it (host.json);
+- the node the run ran on (hostname, SLURM job id, CPU model, visible CPUs) and
+  the fields in which it differs from host.json, a warning when any does
+  (run_node.py);
 - the versions of Python, torch and the engine under study.
 
 Enough to rerun it: check out the commit, give the same config, use the same
@@ -23,6 +26,7 @@ from importlib import metadata
 from pathlib import Path
 
 from serving_study.config.platform import PROJECT_ROOT
+from serving_study.measure.run_node import node_record
 
 GIT_TIMEOUT_S = 30
 
@@ -82,6 +86,7 @@ def run_provenance(config: dict, host: dict, variant: dict) -> dict:
         "project": project_commit(),
         "config_sha256": config_sha256(config),
         "host": host,
+        **node_record(host),
         "versions": {
             "python": platform.python_version(),
             "torch_of_runner": torch_version,
