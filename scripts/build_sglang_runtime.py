@@ -4,6 +4,8 @@ import logging
 import sys
 from pathlib import Path
 
+from serving_study.config.records import HostSharing
+from serving_study.measure.host_sharing import preparation_lock
 from serving_study.sources.sglang_runtime import (
     RuntimeBuildError,
     ensure_sglang_runtime,
@@ -14,10 +16,13 @@ logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
 log = logging.getLogger("sglang_runtime")
 
 runtime_record = Path(snakemake.output.runtime)
+# From the config, not a param: how pipelines share the host re-runs no job.
+sharing = HostSharing.from_config(snakemake.config["host_sharing"])
 try:
-    record = ensure_sglang_runtime(
-        Path(snakemake.input.lock), runtime_record.parent, progress=log.info
-    )
+    with preparation_lock(sharing, f"sglang_runtime of {runtime_record}"):
+        record = ensure_sglang_runtime(
+            Path(snakemake.input.lock), runtime_record.parent, progress=log.info
+        )
 except RuntimeBuildError as error:
     log.error("%s", error)
     raise SystemExit(f"sglang_runtime: {error}") from None

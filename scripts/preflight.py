@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 from serving_study.config.records import Arm, HostSharing, Workload
-from serving_study.measure.host_sharing import MeasurementLock
+from serving_study.measure.host_sharing import MeasurementLock, preparation_lock
 from serving_study.servers.host import container_runtimes, describe_host, unmet_needs
 from serving_study.servers.leftovers import reap_leftovers
 
@@ -18,7 +18,8 @@ log = logging.getLogger("preflight")
 engine = snakemake.params.engine
 arms = [Arm.from_config(arm) for arm in snakemake.params.arms]
 workloads = [Workload.from_config(workload) for workload in snakemake.params.workloads]
-sharing = HostSharing.from_config(dict(snakemake.params.sharing))
+# From the config, not a param: how pipelines share the host re-runs no job.
+sharing = HostSharing.from_config(snakemake.config["host_sharing"])
 answering = tuple(
     name
     for name, runtime in container_runtimes().items()
@@ -28,7 +29,9 @@ answering = tuple(
 holder = f"preflight of experiment {snakemake.wildcards.experiment}"
 with MeasurementLock.acquire(sharing, holder):
     reaped = reap_leftovers(answering)
-host = describe_host(engine, arms, snakemake.input.fixes_tables)
+# Its probes start Python processes that import torch: never beside a measurement.
+with preparation_lock(sharing, holder):
+    host = describe_host(engine, arms, snakemake.input.fixes_tables)
 host["leftovers_reaped"] = reaped.to_dict()
 needs = unmet_needs(host, engine, arms, workloads)
 for arm in host["arms"]:

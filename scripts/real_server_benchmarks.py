@@ -12,7 +12,8 @@ from serving_study.analysis.real_server_figures import (
     split_of_main_cpu,
 )
 from serving_study.config.platform import CPU_PLATFORM, python_path
-from serving_study.config.records import Arm
+from serving_study.config.records import Arm, HostSharing
+from serving_study.measure.host_sharing import MeasurementLock
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")
@@ -26,6 +27,8 @@ variants = {
 }
 # Each workload's manifest, by the workload's name (its directory).
 manifests = {Path(path).parent.name: Path(path) for path in snakemake.input.workloads}
+# From the config, not a param: how pipelines share the host re-runs no job.
+sharing = HostSharing.from_config(snakemake.config["host_sharing"])
 rows = []
 for arm in map(Arm.from_config, snakemake.params.arms):
     name = arm.name
@@ -42,15 +45,17 @@ for arm in map(Arm.from_config, snakemake.params.arms):
     log.info(
         "arm %s: measuring the main process's steps on %d images", name, len(images)
     )
-    steps = measure_main_process_steps(
-        runtime_python=runtime["python"],
-        python_path=python_path(
-            CPU_PLATFORM, variants[arm.variant]["sglang_python_root"]
-        ),
-        arm_environment=dict(arm.environment),
-        model_directory=Path(snapshot["path"]),
-        images=images,
-    )
+    # Timed alone: never beside another pipeline's run or preparation.
+    with MeasurementLock.acquire(sharing, f"real_server_benchmarks, arm {name}"):
+        steps = measure_main_process_steps(
+            runtime_python=runtime["python"],
+            python_path=python_path(
+                CPU_PLATFORM, variants[arm.variant]["sglang_python_root"]
+            ),
+            arm_environment=dict(arm.environment),
+            model_directory=Path(snapshot["path"]),
+            images=images,
+        )
     split = split_of_main_cpu(figures, steps)
     rows.append({"arm": name, **figures, **split})
 

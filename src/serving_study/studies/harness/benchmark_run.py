@@ -20,6 +20,7 @@ from serving_study.config.records import (
     Variant,
 )
 from serving_study.measure.chat_requests import load_requests
+from serving_study.measure.host_sharing import MeasurementLock
 from serving_study.studies.harness.arm_overhead import measure_arm_overhead
 from serving_study.studies.harness.benchmark_host import (
     BENCHMARK_NICENESS,
@@ -92,63 +93,66 @@ def run_benchmarks(
     report: dict = {"host": describe_benchmark_host(client_cpu, server_cpu)}
     chat_requests = load_requests(Path(settings["workload_manifest"]))
 
-    with (
-        raised_priority() as raised,
-        zero_work_server(server_cpu, niceness=BENCHMARK_NICENESS) as server,
-    ):
-        report["host"]["client_and_zero_work_server_niceness"] = (
-            BENCHMARK_NICENESS if raised else os.getpriority(os.PRIO_PROCESS, 0)
+    # Its own servers and timings measure too: never beside another pipeline's run
+    # or preparation. The real arm below takes the lock itself, as any run does.
+    with MeasurementLock.acquire(sharing, "harness benchmarks"):
+        with (
+            raised_priority() as raised,
+            zero_work_server(server_cpu, niceness=BENCHMARK_NICENESS) as server,
+        ):
+            report["host"]["client_and_zero_work_server_niceness"] = (
+                BENCHMARK_NICENESS if raised else os.getpriority(os.PRIO_PROCESS, 0)
+            )
+            log.info("client rate against the zero-work server")
+            report["client_rate"] = measure_client_rate(
+                chat_requests,
+                server,
+                client_cpu=client_cpu,
+                concurrencies=settings["client_concurrencies"],
+                measured_requests=settings["client_measured_requests"],
+                study_peak_rps=settings["study_peak_rps"],
+                request_timeout_s=client.request_timeout_s,
+                out_dir=out_dir,
+            )
+            log.info("client TTFT overhead against a raw socket")
+            report["client_ttft"] = measure_ttft_overhead(
+                chat_requests,
+                server,
+                client_cpu=client_cpu,
+                requests_per_round=settings["ttft_requests_per_round"],
+                rounds=settings["ttft_rounds"],
+                request_timeout_s=client.request_timeout_s,
+                out_dir=out_dir,
+            )
+            log.info("a lagging client's run")
+            report["dispatch_lag"] = check_dispatch_lag_invalidation(
+                chat_requests,
+                server,
+                block_s=settings["dispatch_block_s"],
+                allowed_ms=client.max_dispatch_lag_ms,
+                request_timeout_s=client.request_timeout_s,
+                out_dir=out_dir / "dispatch-lag",
+            )
+        log.info("monitors' CPU over %s s", settings["monitor_window_s"])
+        report["monitors"] = measure_monitor_cpu(
+            window_s=settings["monitor_window_s"],
+            threads=settings["monitor_tree_threads"],
+            sample_hz=monitors.sample_hz,
+            thread_sample_hz=monitors.thread_sample_hz,
+            group_name=f"harness-benchmark-monitors-{os.getpid()}",
+            log_path=out_dir / "monitor-tree.log",
         )
-        log.info("client rate against the zero-work server")
-        report["client_rate"] = measure_client_rate(
-            chat_requests,
-            server,
-            client_cpu=client_cpu,
-            concurrencies=settings["client_concurrencies"],
-            measured_requests=settings["client_measured_requests"],
-            study_peak_rps=settings["study_peak_rps"],
-            request_timeout_s=client.request_timeout_s,
-            out_dir=out_dir,
+        log.info("shared-memory copies beside memcpy")
+        report["shm_copy"] = summarize_shm_copy(
+            measure_shm_copy(
+                {name: Path(root) for name, root in settings["variant_roots"].items()},
+                sorted(set(settings["shm_rows_per_image_size"].values())),
+                settings["shm_columns"],
+                settings["shm_repeats"],
+                niceness=BENCHMARK_NICENESS,
+            ),
+            settings["shm_rows_per_image_size"],
         )
-        log.info("client TTFT overhead against a raw socket")
-        report["client_ttft"] = measure_ttft_overhead(
-            chat_requests,
-            server,
-            client_cpu=client_cpu,
-            requests_per_round=settings["ttft_requests_per_round"],
-            rounds=settings["ttft_rounds"],
-            request_timeout_s=client.request_timeout_s,
-            out_dir=out_dir,
-        )
-        log.info("a lagging client's run")
-        report["dispatch_lag"] = check_dispatch_lag_invalidation(
-            chat_requests,
-            server,
-            block_s=settings["dispatch_block_s"],
-            allowed_ms=client.max_dispatch_lag_ms,
-            request_timeout_s=client.request_timeout_s,
-            out_dir=out_dir / "dispatch-lag",
-        )
-    log.info("monitors' CPU over %s s", settings["monitor_window_s"])
-    report["monitors"] = measure_monitor_cpu(
-        window_s=settings["monitor_window_s"],
-        threads=settings["monitor_tree_threads"],
-        sample_hz=monitors.sample_hz,
-        thread_sample_hz=monitors.thread_sample_hz,
-        group_name=f"harness-benchmark-monitors-{os.getpid()}",
-        log_path=out_dir / "monitor-tree.log",
-    )
-    log.info("shared-memory copies beside memcpy")
-    report["shm_copy"] = summarize_shm_copy(
-        measure_shm_copy(
-            {name: Path(root) for name, root in settings["variant_roots"].items()},
-            sorted(set(settings["shm_rows_per_image_size"].values())),
-            settings["shm_columns"],
-            settings["shm_repeats"],
-            niceness=BENCHMARK_NICENESS,
-        ),
-        settings["shm_rows_per_image_size"],
-    )
     log.info("one real arm")
     report["arm"] = measure_arm_overhead(
         arm=arm,
