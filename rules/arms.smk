@@ -2,6 +2,14 @@
 # measured window with monitors, teardown, and the run's metrics. Jobs run in seeded
 # shuffled blocks (run 1's arms, then run 2's, ...), and each takes the whole host so
 # that no other job disturbs a measurement.
+#
+# A run re-measures only when its own inputs change: its arm, variant, workload,
+# engine settings, or the host's description (rules/preflight.smk keeps edits to
+# other arms and published pages out of that). The host-sharing settings are read
+# from the config by the runner, not given as params: how runs share a host never
+# changes what a run measures. (No input here is ancient(): when an ancient input's
+# job reruns, Snakemake 9.27 no longer looks at what depends on it for its own
+# reasons, and an added arm's runs would go unplanned.)
 
 
 rule run_arm:
@@ -9,6 +17,7 @@ rule run_arm:
         variant=variant_of_arm,
         workload=workload_of_arm,
         host="results/{experiment}/host.json",
+        preflight="results/{experiment}/preflight/{arm}.json",
         image=image_of_arm,
         model=model_of_engine,
         runtime=sglang_runtime_of_engine,
@@ -30,6 +39,5 @@ rule run_arm:
         server=SERVER.as_config(),
         client=CLIENT.as_config(),
         monitors=MONITORS.as_config(),
-        sharing=HOST_SHARING.as_config(),
     script:
         "../scripts/run_arm.py"

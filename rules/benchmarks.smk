@@ -16,20 +16,27 @@ STUDY_PEAK_RPS = 25.7
 # and the runs' own wall times add up to its wall time. A run_arm job has no
 # benchmark: Snakemake would sample its server's processes during the measurement.
 STUDY_JOB_BENCHMARKS = [
-    *(f"results/benchmarks/jobs/fetch_source/{source}.tsv" for source in SOURCES),
-    *(f"results/benchmarks/jobs/prepare_variant/{name}.tsv" for name in VARIANTS),
-    *(f"results/benchmarks/jobs/make_workload/{name}.tsv" for name in WORKLOADS),
+    *(f"results/benchmarks/jobs/fetch_source/{key}.tsv" for key in SOURCE_RECORDS),
+    *(
+        f"results/benchmarks/jobs/prepare_variant/{EXPERIMENT}/{name}.tsv"
+        for name in VARIANTS
+    ),
+    *(
+        f"results/benchmarks/jobs/make_workload/{EXPERIMENT}/{name}.tsv"
+        for name in WORKLOADS
+    ),
     *(
         f"results/benchmarks/jobs/{rule}/{EXPERIMENT}.tsv"
         for rule in ("preflight", "aggregate", "report_html")
     ),
+    *(f"results/benchmarks/jobs/arm_preflight/{EXPERIMENT}/{arm}.tsv" for arm in ARMS),
 ]
 
 
 rule measure_harness:
     input:
-        workload=f"results/workloads/{BENCHMARK_ARM.workload}/manifest.json",
-        arm_variant=f"results/variants/{BENCHMARK_ARM.variant}.json",
+        workload=workload_file(BENCHMARK_ARM.workload),
+        arm_variant=variant_file(BENCHMARK_ARM.variant),
         variants=variant_identity_files(),
         study_jobs=STUDY_JOB_BENCHMARKS,
         # Each run's wall time and, beside it, its measured window.
@@ -64,7 +71,6 @@ rule measure_harness:
         server=SERVER.as_config(),
         client=CLIENT.as_config(),
         monitors=MONITORS.as_config(),
-        sharing=HOST_SHARING.as_config(),
     script:
         "../scripts/harness_benchmarks.py"
 
@@ -92,7 +98,7 @@ rule real_server_benchmarks:
         variants=variant_identity_files(),
         runtime=SGLANG_RUNTIME,
         model=model_snapshot_file(),
-        workloads=[f"results/workloads/{name}/manifest.json" for name in WORKLOADS],
+        workloads=[workload_file(name) for name in WORKLOADS],
     output:
         figures=f"results/{EXPERIMENT}/real_server.json",
         table=f"results/{EXPERIMENT}/tables/real_server.csv",

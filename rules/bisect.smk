@@ -9,7 +9,7 @@ if config.get("bisect"):
 
     rule bisect_commits:
         input:
-            workload=f"results/workloads/{BISECT_ARM.workload}/manifest.json",
+            workload=workload_file(BISECT_ARM.workload),
             host="results/{experiment}/host.json",
         output:
             result=report(
@@ -34,7 +34,6 @@ if config.get("bisect"):
             server=SERVER.as_config(),
             client=CLIENT.as_config(),
             monitors=MONITORS.as_config(),
-            sharing=HOST_SHARING.as_config(),
             criterion=config["change_criterion"],
             sources_dir="resources/commits",
             seed=config["seed"],

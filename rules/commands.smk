@@ -21,7 +21,7 @@ rule launch_commands:
         sglang={
             **(SERVER.sglang or {}),
             "port": config["sglang"]["port"],
-            **model_source(),
+            **model_source(config["sglang"]),
         },
         model_download_directory=model_download_directory(),
         tiny_model_directory=tiny_model_directory(),

@@ -17,6 +17,7 @@ os.environ.update(
 )
 
 from serving_study.config.arm_order import priority
+from serving_study.config.content_keys import content_key
 from serving_study.config.records import (
     Arm,
     ClientSettings,
@@ -26,7 +27,7 @@ from serving_study.config.records import (
     Workload,
 )
 from serving_study.config.validation import ConfigError, check_config
-from serving_study.servers.sglang_commands import model_directory_name
+from serving_study.servers.sglang_commands import model_folder_name, model_source
 from serving_study.config.platform import CPU_RUNTIME_LOCK, platform_for
 from serving_study.sources.tiny_model_settings import TinyModelSettings
 
@@ -41,12 +42,34 @@ except ConfigError as error:
     sys.exit(f"Config error (nothing was run):\n{error}")
 
 
+def sorted_mappings(value):
+    """``value`` with every mapping's keys in sorted order (lists keep theirs)."""
+    if isinstance(value, dict):
+        return {key: sorted_mappings(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [sorted_mappings(item) for item in value]
+    return value
+
+
+# The order of keys in a YAML file is no setting. Snakemake compares a job's params
+# as written, so a config whose keys were merely reordered would re-measure every
+# run that takes a mapping of it: the config's mappings are put in one order here.
+_checked = sorted_mappings(dict(config))
+config.clear()
+config.update(_checked)
+
+
 # A measurement owns the host: Snakemake caps a job's threads at --cores, so asking
 # for more than any host has keeps every other job off the machine during an arm.
 WHOLE_HOST = 4096
 
 EXPERIMENT = config["experiment"]
 SOURCES = {source["name"]: source for source in config["sources"]}
+# What a checkout shares between experiments is named by its record's hash as well as
+# its name (content_keys.py): another experiment that gives a source another record
+# fetches it into another folder, and never rewrites what this one's runs read.
+SOURCE_KEYS = {name: content_key(name, record) for name, record in SOURCES.items()}
+SOURCE_RECORDS = {SOURCE_KEYS[name]: record for name, record in SOURCES.items()}
 VARIANTS = {variant["name"]: variant for variant in config["variants"]}
 # The checked config as records (config/records.py). A rule passes a job a record's
 # as_config(), which holds only what the job uses: Snakemake reruns a job whose
@@ -68,10 +91,11 @@ TINY_MODEL = (
     if "tiny_model" in config["sglang"]
     else None
 )
+
+# The tiny model's name holds its settings' digest; a Hub model's folder its id's
+# and its source's (id, revision, local path).
 MODEL = (
-    TINY_MODEL.directory_name
-    if TINY_MODEL
-    else model_directory_name(config["sglang"]["model"])
+    TINY_MODEL.directory_name if TINY_MODEL else model_folder_name(config["sglang"])
 )
 
 
@@ -81,7 +105,7 @@ def one_of(names):
 
 wildcard_constraints:
     experiment=re.escape(EXPERIMENT),
-    source=one_of(SOURCES),
+    source=one_of(SOURCE_RECORDS),
     variant=one_of(VARIANTS),
     workload=one_of(WORKLOADS),
     arm=one_of(ARMS),
@@ -116,9 +140,15 @@ def arm_run_priority(wildcards):
     return priority(RUNS, config["seed"], wildcards.arm, int(wildcards.run))
 
 
+def source_directory(name):
+    """Where source ``name`` is fetched (shared by experiments with its record)."""
+    return f"resources/sources/{SOURCE_KEYS[name]}"
+
+
 def source_of_variant(wildcards):
-    source = VARIANTS[wildcards.variant]["source"]
-    return f"resources/sources/{source}/identity.json"
+    """The fetched source a variant is laid out from: its identity and its tree."""
+    directory = source_directory(VARIANTS[wildcards.variant]["source"])
+    return {"source": f"{directory}/identity.json", "source_tree": f"{directory}/tree"}
 
 
 def patch_file(variant):
@@ -143,12 +173,26 @@ def variant_record(wildcards):
     return {key: value for key, value in variant.items() if key != "description"}
 
 
+# An experiment's variants, workloads and images are its own: another experiment in
+# the same checkout that reuses a name with other settings cannot touch them.
+def variant_file(name):
+    return f"results/{EXPERIMENT}/variants/{name}.json"
+
+
+def workload_file(name):
+    return f"results/{EXPERIMENT}/workloads/{name}/manifest.json"
+
+
+def image_file(variant):
+    return f"results/{EXPERIMENT}/images/{variant}.iid"
+
+
 def variant_of_arm(wildcards):
-    return f"results/variants/{ARMS[wildcards.arm].variant}.json"
+    return variant_file(ARMS[wildcards.arm].variant)
 
 
 def workload_of_arm(wildcards):
-    return f"results/workloads/{ARMS[wildcards.arm].workload}/manifest.json"
+    return workload_file(ARMS[wildcards.arm].workload)
 
 
 def arm_settings(wildcards):
@@ -184,7 +228,7 @@ def report_config():
 
 
 def variant_identity_files():
-    return [f"results/variants/{name}.json" for name in VARIANTS]
+    return [variant_file(name) for name in VARIANTS]
 
 
 def map_block_files():
@@ -253,13 +297,6 @@ def model_download_directory():
     return f"resources/models/{MODEL}/snapshot"
 
 
-def model_source():
-    """What the sglang section says of where the model comes from."""
-    sglang = config["sglang"]
-    keys = ("model", "model_revision", "model_path")
-    return {key: sglang[key] for key in keys if key in sglang}
-
-
 # --- Container images (runtime docker or podman) -----------------------------------
 
 CONTAINER_RUNTIMES = ("docker", "podman")
@@ -279,7 +316,7 @@ def image_of_arm(wildcards):
     """The image id file of the arm's variant when arms run in containers."""
     if not in_containers():
         return []
-    return f"results/images/{ARMS[wildcards.arm].variant}.iid"
+    return image_file(ARMS[wildcards.arm].variant)
 
 
 def package_files_of_engine():

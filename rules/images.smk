@@ -7,9 +7,15 @@
 from serving_study.servers.sglang_commands import image_engine
 from serving_study.config.platform import CPU_RUNTIME_LOCK
 
+# The platform a wheelhouse's wheels are chosen for (the images' Debian and Python).
+WHEEL_PLATFORM = {
+    "python_version": config["container"]["embedded_python_version"],
+    "glibc_version": config["container"]["embedded_glibc_version"],
+}
+# Shared by the experiments that build for the same platform (content_keys.py).
 WHEELHOUSES = {
-    "embedded": "resources/wheelhouse",
-    "sglang-cpu": "resources/wheelhouse-sglang-cpu",
+    "embedded": f"resources/{content_key('wheelhouse', WHEEL_PLATFORM)}",
+    "sglang-cpu": f"resources/{content_key('wheelhouse-sglang-cpu', WHEEL_PLATFORM)}",
 }
 # What a variant's image is: embedded, sglang (GPU host) or sglang-cpu; the suffix of
 # its Dockerfile and the engine part of its tag.
@@ -58,8 +64,7 @@ rule wheelhouse:
     conda:
         "../envs/workflow.yaml"
     params:
-        python_version=config["container"]["embedded_python_version"],
-        glibc_version=config["container"]["embedded_glibc_version"],
+        **WHEEL_PLATFORM,
         closed=False,
     script:
         "../scripts/make_wheelhouse.py"
@@ -82,8 +87,7 @@ rule wheelhouse_sglang_cpu:
     conda:
         "../envs/workflow.yaml"
     params:
-        python_version=config["container"]["embedded_python_version"],
-        glibc_version=config["container"]["embedded_glibc_version"],
+        **WHEEL_PLATFORM,
         closed=True,
     script:
         "../scripts/make_wheelhouse.py"
@@ -91,20 +95,20 @@ rule wheelhouse_sglang_cpu:
 
 rule build_image:
     input:
-        variant="results/variants/{variant}.json",
+        variant="results/{experiment}/variants/{variant}.json",
         dockerfile=project_file(f"envs/Dockerfile.{IMAGE_KIND}"),
         check=project_file("envs/verify_mm_utils.py"),
         wheelhouse=IMAGE_WHEELHOUSE,
         package=package_files_of_engine(),
         python_path=IMAGE_PYTHON_PATH_FILES,
     output:
-        image_id="results/images/{variant}.iid",
-        inspect="results/images/{variant}.inspect.json",
+        image_id="results/{experiment}/images/{variant}.iid",
+        inspect="results/{experiment}/images/{variant}.inspect.json",
     log:
-        messages="results/logs/build_image/{variant}.log",
-        build="results/logs/build_image/{variant}.build.log",
+        messages="results/logs/build_image/{experiment}/{variant}.log",
+        build="results/logs/build_image/{experiment}/{variant}.build.log",
     benchmark:
-        "results/benchmarks/jobs/build_image/{variant}.tsv"
+        "results/benchmarks/jobs/build_image/{experiment}/{variant}.tsv"
     priority: PREPARATION_PRIORITY
     conda:
         "../envs/workflow.yaml"

@@ -16,7 +16,7 @@ rule model:
     conda:
         "../envs/workflow.yaml"
     params:
-        sglang=model_source(),
+        sglang=model_source(config["sglang"]),
         download_directory=lambda wildcards, output: Path(output.snapshot).with_name(
             "snapshot"
         ),

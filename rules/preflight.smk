@@ -1,15 +1,23 @@
-# Preflight: remove what dead runs left (under the host's measurement lock), describe
-# the host (CPUs, quota, intra-op threads, GPU, runtimes, free /dev/shm) and stop
-# early when the experiment needs what the host lacks.
-# Not a local rule: on a cluster the host that matters is the node the arms run on,
-# whose GPU and visible CPUs a login node does not share, so profiles/slurm gives
-# the preflight the same SLURM request as run_arm.
+# Preflight, in two steps. The host's: remove what dead runs left (under the host's
+# measurement lock), describe the host (CPUs, quota, GPU, runtimes, free /dev/shm)
+# and stop early when the engine needs what the host lacks. Each arm's: the intra-op
+# threads its server will start, the study's trap and the doctor's prescription, and
+# what the arm needs of the host.
+#
+# Every run depends on both, and a preflight that is redone re-measures what depends
+# on it: so the host's step reads nothing an arm or a published page can change, and
+# an arm's step only its own arm. Neither is a local rule: on a cluster the host that
+# matters is the node the arms run on, whose GPU and visible CPUs a login node does
+# not share, so profiles/slurm gives them the same SLURM request as run_arm.
+
+ENGINE_FACTS = {
+    "engine": SERVER.engine,
+    "runtime": SERVER.runtime,
+    "sglang_device": SERVER.device,
+}
 
 
 rule preflight:
-    input:
-        # What the project measured of each fix, for the doctor's prescription.
-        fixes_tables=published_fixes_tables(),
     output:
         host="results/{experiment}/host.json",
     log:
@@ -20,13 +28,29 @@ rule preflight:
     conda:
         "../envs/workflow.yaml"
     params:
-        engine={
-            "engine": SERVER.engine,
-            "runtime": SERVER.runtime,
-            "sglang_device": SERVER.device,
-        },
-        arms=[arm.as_config() for arm in ARMS.values()],
-        workloads=[workload.as_config() for workload in WORKLOADS.values()],
-        sharing=HOST_SHARING.as_config(),
+        engine=ENGINE_FACTS,
     script:
         "../scripts/preflight.py"
+
+
+rule arm_preflight:
+    input:
+        host="results/{experiment}/host.json",
+        # What the project measured of each fix, for the doctor's prescription:
+        # advice, so a newer published table redoes no preflight (and no run).
+        fixes_tables=ancient(published_fixes_tables()),
+    output:
+        plan="results/{experiment}/preflight/{arm}.json",
+    log:
+        "results/logs/arm_preflight/{experiment}/{arm}.log",
+    benchmark:
+        "results/benchmarks/jobs/arm_preflight/{experiment}/{arm}.tsv"
+    priority: PREPARATION_PRIORITY
+    conda:
+        "../envs/workflow.yaml"
+    params:
+        engine=ENGINE_FACTS,
+        arm=arm_settings,
+        workload=lambda wildcards: WORKLOADS[ARMS[wildcards.arm].workload].as_config(),
+    script:
+        "../scripts/arm_preflight.py"

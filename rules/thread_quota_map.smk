@@ -24,8 +24,8 @@ if config.get("thread_quota_map"):
 
     rule map_block:
         input:
-            variants=expand("results/variants/{variant}.json", variant=MAP["variants"]),
-            workload=f"results/workloads/{MAP['workload']}/manifest.json",
+            variants=[variant_file(name) for name in MAP["variants"]],
+            workload=workload_file(MAP["workload"]),
             host="results/{experiment}/host.json",
         output:
             block="results/{experiment}/thread-quota-map/block{block}.json",
@@ -41,7 +41,6 @@ if config.get("thread_quota_map"):
             server=SERVER.as_config(),
             client=CLIENT.as_config(),
             monitors=MONITORS.as_config(),
-            sharing=HOST_SHARING.as_config(),
         script:
             "../scripts/map_block.py"
 

@@ -1,7 +1,8 @@
 # Engine sources and variants: a pinned SGLang source (PyPI release, git commit or
 # local copy), and per variant that source with an optional patch applied. Each
 # variant's identity (source hash or commit, patch hash, patched mm_utils.py hash)
-# is written to results/variants/<variant>.json.
+# is written to results/<experiment>/variants/<variant>.json. Sources are shared by
+# the experiments that pin them alike (resources/sources/<name>-<record hash>/).
 
 
 rule fetch_source:
@@ -18,7 +19,7 @@ rule fetch_source:
     conda:
         "../envs/workflow.yaml"
     params:
-        record=lambda wildcards: SOURCES[wildcards.source],
+        record=lambda wildcards: SOURCE_RECORDS[wildcards.source],
         download_dir="resources/downloads",
     script:
         "../scripts/fetch_source.py"
@@ -26,15 +27,15 @@ rule fetch_source:
 
 rule prepare_variant:
     input:
-        source=source_of_variant,
+        unpack(source_of_variant),
         patch=patch_of_variant,
     output:
-        identity="results/variants/{variant}.json",
-        tree=directory("results/variants/{variant}/source"),
+        identity="results/{experiment}/variants/{variant}.json",
+        tree=directory("results/{experiment}/variants/{variant}/source"),
     log:
-        "results/logs/prepare_variant/{variant}.log",
+        "results/logs/prepare_variant/{experiment}/{variant}.log",
     benchmark:
-        "results/benchmarks/jobs/prepare_variant/{variant}.tsv"
+        "results/benchmarks/jobs/prepare_variant/{experiment}/{variant}.tsv"
     priority: PREPARATION_PRIORITY
     localrule: True
     conda:

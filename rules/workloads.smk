@@ -4,12 +4,12 @@
 
 rule make_workload:
     output:
-        manifest="results/workloads/{workload}/manifest.json",
-        images=directory("results/workloads/{workload}/images"),
+        manifest="results/{experiment}/workloads/{workload}/manifest.json",
+        images=directory("results/{experiment}/workloads/{workload}/images"),
     log:
-        "results/logs/make_workload/{workload}.log",
+        "results/logs/make_workload/{experiment}/{workload}.log",
     benchmark:
-        "results/benchmarks/jobs/make_workload/{workload}.tsv"
+        "results/benchmarks/jobs/make_workload/{experiment}/{workload}.tsv"
     priority: PREPARATION_PRIORITY
     localrule: True
     conda:

@@ -42,6 +42,6 @@ figures = run_benchmarks(
     server_settings=ServerSettings.from_config(snakemake.params.server),
     client=ClientSettings.from_config(snakemake.params.client),
     monitors=MonitorSettings.from_config(snakemake.params.monitors),
-    sharing=HostSharing.from_config(snakemake.params.sharing),
+    sharing=HostSharing.from_config(snakemake.config["host_sharing"]),
 )
 Path(snakemake.output.figures).write_text(json.dumps(figures, indent=2) + "\n")

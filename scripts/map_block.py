@@ -35,7 +35,7 @@ cells = run_map_block(
     server_settings=ServerSettings.from_config(snakemake.params.server),
     client=ClientSettings.from_config(snakemake.params.client),
     monitors=MonitorSettings.from_config(snakemake.params.monitors),
-    sharing=HostSharing.from_config(snakemake.params.sharing),
+    sharing=HostSharing.from_config(snakemake.config["host_sharing"]),
     block_dir=Path(snakemake.output.cells),
     traced_to={
         variant.name: run_provenance(snakemake.config, host, identity)

@@ -26,7 +26,7 @@ with (
 ):
     identity = prepare_variant(
         snakemake.params.record,
-        source_tree=source_identity_path.parent / "tree",
+        source_tree=Path(snakemake.input.source_tree),
         source_identity=json.loads(source_identity_path.read_text()),
         patch_path=patch,
         dest=Path(snakemake.output.tree),

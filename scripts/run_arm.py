@@ -50,7 +50,8 @@ run_arm(
     ),
     client=ClientSettings.from_config(snakemake.params.client),
     monitors=MonitorSettings.from_config(snakemake.params.monitors),
-    sharing=HostSharing.from_config(snakemake.params.sharing),
+    # From the config, not a param: how runs share the host re-measures no run.
+    sharing=HostSharing.from_config(snakemake.config["host_sharing"]),
     traced_to=run_provenance(snakemake.config, read_json(inputs.host), identity),
     paths=RunPaths(
         metrics=Path(snakemake.output.metrics),

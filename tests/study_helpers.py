@@ -120,6 +120,53 @@ def snakemake_command(
     ]
 
 
+def snakemake_output(workdir: Path, *arguments: str, config=TEST_CONFIG) -> str:
+    """What Snakemake printed, which must have succeeded (see snakemake_command)."""
+    finished = subprocess.run(
+        snakemake_command(workdir, *arguments, config=config),
+        capture_output=True,
+        text=True,
+    )
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    return finished.stdout + finished.stderr
+
+
+def touch_study(workdir: Path, config: Path, *forced_rules: str) -> None:
+    """Every output of ``config``'s study made as an empty file (or folder), then
+    touched by Snakemake so that its records say each job ran with today's params:
+    a study as measured, in seconds. Only ``forced_rules`` are touched when named
+    (a second study that found the shared resources it needs already made)."""
+    summary = snakemake_output(workdir, "--summary", config=config).splitlines()
+    header = summary.index(next(line for line in summary if line.startswith("output")))
+    for line in summary[header + 1 :]:
+        output = workdir / line.split("\t")[0]
+        # Every file output of these studies has a suffix; a directory() one has none.
+        if output.exists():
+            continue
+        if output.suffix:
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.touch()
+        else:
+            output.mkdir(parents=True, exist_ok=True)
+    forced = ("--forcerun", *forced_rules) if forced_rules else ("--forceall",)
+    snakemake_output(workdir, "--touch", *forced, "--cores", "1", "all", config=config)
+
+
+def planned_jobs(workdir: Path, config: Path, *arguments: str) -> set[tuple[str, str]]:
+    """The jobs a dry run of ``config`` plans, as (rule, wildcards) pairs."""
+    plan = snakemake_output(workdir, "-n", *arguments, config=config)
+    jobs, rule = set(), None
+    for line in plan.splitlines():
+        if line.startswith(("rule ", "localrule ")):
+            rule = line.split()[1].rstrip(":")
+            jobs.add((rule, ""))
+        elif line.strip().startswith("wildcards:") and rule:
+            jobs.discard((rule, ""))
+            jobs.add((rule, line.split(":", 1)[1].strip()))
+            rule = None
+    return jobs
+
+
 def snakemake_refuses(config: Path) -> str:
     """Snakemake's dry run of this workflow on ``config``, which must fail before
     it builds the DAG (the config check runs first); its stderr, which says why."""

@@ -495,7 +495,9 @@ def docker_study(docker_engine, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def embedded_image(docker_study) -> str:
-    return (docker_study / "results/images/original.iid").read_text().strip()
+    return (
+        (docker_study / "results/test-docker/images/original.iid").read_text().strip()
+    )
 
 
 def containers_of_runs() -> list[str]:
@@ -554,7 +556,7 @@ def test_each_arm_ran_in_its_variants_container_under_its_quota(docker_study):
         assert provenance["quota_seen_inside"]["cores"] == pytest.approx(quota)
         assert provenance["quota_in_force"]["cores"] == pytest.approx(quota)
         assert provenance["image"] == (
-            (docker_study / f"results/images/{arm}.iid").read_text().strip()
+            (docker_study / f"results/test-docker/images/{arm}.iid").read_text().strip()
         )
         # The engine in the container loaded the variant's own mm_utils.py.
         server_info = provenance["server_info"]
@@ -572,10 +574,12 @@ def test_each_image_holds_its_variant_and_says_so(docker_study):
     records = {}
     for variant in ("original", "patched"):
         identity = json.loads(
-            (docker_study / f"results/variants/{variant}.json").read_text()
+            (docker_study / f"results/test-docker/variants/{variant}.json").read_text()
         )
         record = json.loads(
-            (docker_study / f"results/images/{variant}.inspect.json").read_text()
+            (
+                docker_study / f"results/test-docker/images/{variant}.inspect.json"
+            ).read_text()
         )
         labels = record["Config"]["Labels"]
         assert labels["serving-study.mm-utils-sha256"] == identity["mm_utils_sha256"]
@@ -739,7 +743,9 @@ def test_the_build_fails_when_the_image_would_not_run_the_variant(
 ):
     """The embedded image's last step is the mm_utils.py check; a variant record
     whose sha256 is not its tree's must fail the build, naming both."""
-    variant = json.loads((docker_study / "results/variants/original.json").read_text())
+    variant = json.loads(
+        (docker_study / "results/test-docker/variants/original.json").read_text()
+    )
     wrong = variant | {"mm_utils_sha256": "0" * 64}
     containers_before = docker("ps", "--all", "--quiet").stdout.split()
     with pytest.raises(ImageBuildFailed) as failure:
@@ -785,7 +791,7 @@ def test_sglang_dockerfile_puts_the_variant_over_an_editable_install(
     try:
         docker("build", "--quiet", "--tag", base_tag, str(stand_in))
         variant = json.loads(
-            (docker_study / "results/variants/patched.json").read_text()
+            (docker_study / "results/test-docker/variants/patched.json").read_text()
         )
         context = assemble_context(
             "sglang",

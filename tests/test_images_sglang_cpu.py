@@ -356,8 +356,8 @@ def test_build_image_on_a_cpu_host_plans_the_locks_wheelhouse(tmp_path):
         snakemake_command(
             tmp_path,
             "-n",
-            "results/images/original.iid",
-            "results/images/patched.iid",
+            "results/test-sglang-cpu-docker/images/original.iid",
+            "results/test-sglang-cpu-docker/images/patched.iid",
             config=CPU_DOCKER_CONFIG,
         ),
         capture_output=True,
@@ -383,15 +383,16 @@ def built_images(docker_engine, tmp_path_factory) -> Path:
             workdir,
             "--cores",
             "2",
-            "results/images/original.iid",
-            "results/images/patched.iid",
+            "results/test-sglang-cpu-docker/images/original.iid",
+            "results/test-sglang-cpu-docker/images/patched.iid",
             config=CPU_DOCKER_CONFIG,
         ),
         capture_output=True,
         text=True,
     )
     # The wheelhouse is gigabytes: it is not kept with the test's files.
-    shutil.rmtree(workdir / "resources/wheelhouse-sglang-cpu", ignore_errors=True)
+    for wheelhouse in (workdir / "resources").glob("wheelhouse-sglang-cpu-*"):
+        shutil.rmtree(wheelhouse, ignore_errors=True)
     logs = "".join(
         path.read_text(errors="replace")[-3000:]
         for path in sorted((workdir / "results/logs").rglob("*.log"))
@@ -401,7 +402,11 @@ def built_images(docker_engine, tmp_path_factory) -> Path:
 
 
 def image_of(workdir: Path, variant: str) -> dict:
-    return json.loads((workdir / f"results/images/{variant}.inspect.json").read_text())
+    return json.loads(
+        (
+            workdir / f"results/test-sglang-cpu-docker/images/{variant}.inspect.json"
+        ).read_text()
+    )
 
 
 @pytest.mark.docker
@@ -422,7 +427,9 @@ def test_each_image_imports_its_variants_mm_utils_from_the_variants_tree(
 ):
     for name in ("original", "patched"):
         variant = json.loads(
-            (built_images / f"results/variants/{name}.json").read_text()
+            (
+                built_images / f"results/test-sglang-cpu-docker/variants/{name}.json"
+            ).read_text()
         )
         image = image_of(built_images, name)
         assert image["Config"]["Labels"]["serving-study.engine"] == "sglang-cpu"

@@ -14,8 +14,10 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 from study_helpers import snakemake_command
 
+from serving_study.servers.sglang_commands import model_folder_name
 from serving_study.sources import model_snapshot
 from serving_study.sources.model_snapshot import (
     HUGGINGFACE_HUB_PIN,
@@ -272,7 +274,11 @@ def test_the_model_rule_records_a_local_snapshot(tmp_path):
     files = write_snapshot(tmp_path / "qwen")
     local = tmp_path / "local-model.yaml"
     local.write_text(json.dumps({"sglang": {"model_path": str(tmp_path / "qwen")}}))
-    target = "resources/models/Qwen--Qwen3-VL-4B-Instruct/snapshot.json"
+    sglang = {
+        **yaml.safe_load((ROOT / "config" / "p4.yaml").read_text())["sglang"],
+        "model_path": str(tmp_path / "qwen"),
+    }
+    target = f"resources/models/{model_folder_name(sglang)}/snapshot.json"
 
     finished = subprocess.run(
         snakemake_command(

@@ -7,43 +7,21 @@ study here is the tiny test study with every job touched, not run: its outputs
 exist and Snakemake has recorded each job's params.
 """
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import yaml
+from study_helpers import snakemake_output, touch_study
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "test" / "config.yaml"
-
-
-def snakemake(workdir: Path, config: Path, *arguments: str) -> str:
-    finished = subprocess.run(
-        [sys.executable, "-m", "snakemake", "-s", str(ROOT / "Snakefile")]
-        + ["--directory", str(workdir), *arguments, "--configfile", str(config)],
-        capture_output=True,
-        text=True,
-    )
-    assert finished.returncode == 0, finished.stdout + finished.stderr
-    return finished.stdout + finished.stderr
 
 
 @pytest.fixture(scope="module")
 def touched_study(tmp_path_factory) -> Path:
     """The test study's outputs, made empty and touched, and the jobs' records."""
     workdir = tmp_path_factory.mktemp("touched-study")
-    summary = snakemake(workdir, CONFIG, "--summary").splitlines()
-    header = summary.index(next(line for line in summary if line.startswith("output")))
-    for line in summary[header + 1 :]:
-        output = workdir / line.split("\t")[0]
-        # Every file output of this study has a suffix; a directory() one has none.
-        if output.suffix:
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.touch()
-        else:
-            output.mkdir(parents=True, exist_ok=True)
-    snakemake(workdir, CONFIG, "--touch", "--forceall", "--cores", "1", "all")
+    touch_study(workdir, CONFIG)
     return workdir
 
 
@@ -51,7 +29,7 @@ def rules_rerun_for_params(workdir: Path, config: dict, tmp_path: Path) -> set[s
     """The rules whose jobs a dry run would rerun because their params changed."""
     changed = tmp_path / "changed.yaml"
     changed.write_text(yaml.safe_dump(config, sort_keys=False))
-    plan = snakemake(workdir, changed, "-n", "--rerun-triggers", "params")
+    plan = snakemake_output(workdir, "-n", "--rerun-triggers", "params", config=changed)
     rules, rule = set(), None
     for line in plan.splitlines():
         if line.startswith(("rule ", "localrule ")):

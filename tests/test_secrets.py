@@ -348,5 +348,7 @@ def test_a_study_in_containers_passes_secrets_by_name_and_writes_them_nowhere(
     assert argv[argv.index(PLAIN_NAME) - 1] == "--env"
     # The container ran unprivileged, from the image id the build wrote.
     assert argv[argv.index("--cap-drop") + 1] == "ALL"
-    image_id = (workdir / "results/images/original.iid").read_text().strip()
+    image_id = (
+        (workdir / "results/secrets-docker/images/original.iid").read_text().strip()
+    )
     assert provenance["image_run"] == provenance["image"] == image_id

@@ -29,6 +29,7 @@ RUN_ON_SLURM = ROOT / "tests" / "slurm" / "run_study_on_slurm.sh"
 # The rules whose jobs measure on the node they run on: each is a SLURM job.
 MEASURING_RULES = {
     "preflight",
+    "arm_preflight",
     "run_arm",
     "measure_harness",
     "bisect_commits",
@@ -178,10 +179,11 @@ def test_only_preflight_and_arms_of_the_study_are_slurm_jobs(tmp_path):
     stats = re.search(r"Job stats:\n(.*?)\ntotal", plan, re.S).group(1)
     planned = dict(re.findall(r"^(\w+)\s+(\d+)$", stats, re.M))
     assert planned["run_arm"] == "2" and planned["preflight"] == "1"
+    assert planned["arm_preflight"] == "2"
 
     local = rules_run_where_snakemake_runs(tmp_path)
     slurm_jobs = {rule for rule in planned if not local[rule]}
-    assert slurm_jobs == {"preflight", "run_arm"}
+    assert slurm_jobs == {"preflight", "arm_preflight", "run_arm"}
     # Every rule that measures leaves the host; nothing else does but image builds
     # (a container image lives on the node that runs it).
     assert {rule for rule, is_local in local.items() if not is_local} == {
@@ -191,7 +193,7 @@ def test_only_preflight_and_arms_of_the_study_are_slurm_jobs(tmp_path):
 
     # The plugin read the profile: the arm and preflight jobs carry its requests.
     resources = job_resources(plan)
-    for rule in ("run_arm", "preflight"):
+    for rule in ("run_arm", "preflight", "arm_preflight"):
         for line in resources[rule]:
             assert "slurm_partition=gpu" in line and "gpu=1" in line, line
             assert "cpus_per_task=64" in line and "slurm_extra=--exclusive" in line
@@ -230,8 +232,8 @@ def slurm_cpu_requests(plan: str, local: dict[str, bool]) -> list[tuple[str, int
 @pytest.mark.parametrize(
     ("config", "whole_node_rules"),
     [
-        ("gpu-host.yaml", {"preflight", "run_arm", "map_block"}),
-        ("b1.yaml", {"preflight", "run_arm", "build_image"}),
+        ("gpu-host.yaml", {"preflight", "arm_preflight", "run_arm", "map_block"}),
+        ("b1.yaml", {"preflight", "arm_preflight", "run_arm", "build_image"}),
     ],
 )
 def test_no_slurm_job_asks_for_more_cpus_than_a_node_has(

@@ -104,7 +104,8 @@ def test_every_preparation_runs_before_the_first_arm(finished_study):
         if line.startswith(("rule ", "localrule "))
     ]
     first_arm = started.index("run_arm")
-    for rule in ("fetch_source", "prepare_variant", "make_workload", "preflight"):
+    preparation = ("fetch_source", "prepare_variant", "make_workload", "preflight")
+    for rule in (*preparation, "arm_preflight"):
         assert rule in started
         assert max(i for i, name in enumerate(started) if name == rule) < first_arm
     assert started.count("prepare_variant") == 2

@@ -88,6 +88,7 @@ def test_naming_one_run_schedules_only_that_run_and_what_it_lacks(tmp_path):
         "prepare_variant": 1,
         "make_workload": 1,
         "preflight": 1,
+        "arm_preflight": 1,
         "run_arm": 1,
     }
 
@@ -108,21 +109,27 @@ def planned_job_fields(output: str) -> list[tuple[str, dict[str, str]]]:
 def test_b1s_pull_request_variant_is_prepared_from_its_own_source():
     import yaml
 
+    from serving_study.config.content_keys import content_key
+
     b1 = yaml.safe_load((ROOT / "config/b1.yaml").read_text())
     (variant,) = [v for v in b1["variants"] if v["name"] == "pr48881"]
-    source = variant["source"]
-    finished = snakemake(
-        "-n", "results/variants/pr48881.json", "--configfile", "config/b1.yaml"
-    )
+    (source,) = [s for s in b1["sources"] if s["name"] == variant["source"]]
+    # Fetched into a folder named by the source's record, shared by the experiments
+    # that pin it alike; the variant is the experiment's own.
+    fetched = content_key(source["name"], source)
+    target = "results/b1/variants/pr48881.json"
+    finished = snakemake("-n", target, "--configfile", "config/b1.yaml")
     assert finished.returncode == 0, finished.stderr
     jobs = planned_job_fields(finished.stdout)
     assert [(rule, fields["wildcards"]) for rule, fields in jobs] == [
-        ("fetch_source", f"source={source}"),
-        ("prepare_variant", "variant=pr48881"),
+        ("fetch_source", f"source={fetched}"),
+        ("prepare_variant", "experiment=b1, variant=pr48881"),
     ]
     prepare = jobs[1][1]
-    assert prepare["input"] == f"resources/sources/{source}/identity.json"
-    assert prepare["output"].split(", ")[0] == "results/variants/pr48881.json"
+    assert prepare["input"].split(", ")[0] == (
+        f"resources/sources/{fetched}/identity.json"
+    )
+    assert prepare["output"].split(", ")[0] == target
 
 
 def test_profiles_parse():

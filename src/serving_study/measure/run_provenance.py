@@ -18,13 +18,12 @@ engine release.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import platform
 import subprocess
 from importlib import metadata
 from pathlib import Path
 
+from serving_study.config.content_keys import canonical_sha256
 from serving_study.config.platform import PROJECT_ROOT
 from serving_study.measure.run_node import node_record
 
@@ -59,8 +58,7 @@ def project_commit(root: Path = PROJECT_ROOT) -> dict:
 
 def config_sha256(config: dict) -> str:
     """The sha256 of the config as canonical JSON (sorted keys, no spaces)."""
-    canonical = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return canonical_sha256(config)
 
 
 def engine_version(variant: dict) -> dict:

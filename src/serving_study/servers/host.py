@@ -200,8 +200,9 @@ def arm_thread_plan(arms: list[Arm], fixes_tables: list[Path] = ()) -> list[dict
     return plan
 
 
-def describe_host(engine: dict, arms: list[Arm], fixes_tables: list[Path] = ()) -> dict:
-    """Everything the report's header and the run validity checks need."""
+def describe_host(engine: dict) -> dict:
+    """Everything the report's header and the run validity checks need (what each
+    arm will start is its own preflight's: arm_thread_plan)."""
     affinity = os.sched_getaffinity(0)
     return {
         "hostname": platform.node(),
@@ -217,7 +218,6 @@ def describe_host(engine: dict, arms: list[Arm], fixes_tables: list[Path] = ()) 
         "engine": engine["engine"],
         "runtime": engine["runtime"],
         "versions": package_versions(),
-        "arms": arm_thread_plan(arms, fixes_tables),
     }
 
 

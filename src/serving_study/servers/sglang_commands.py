@@ -15,6 +15,7 @@ import signal
 from collections.abc import Mapping
 from pathlib import PurePosixPath
 
+from serving_study.config.content_keys import content_key
 from serving_study.config.platform import (
     COMPILE_CACHE_VARIABLE,
     SGLangPlatform,
@@ -41,6 +42,20 @@ def model_directory_name(model: str) -> str:
     """A file name for a Hub model id: ``Qwen/Qwen3-VL-4B-Instruct`` ->
     ``Qwen--Qwen3-VL-4B-Instruct``."""
     return model.replace("/", "--")
+
+
+MODEL_SOURCE_KEYS = ("model", "model_revision", "model_path")
+
+
+def model_source(sglang: dict) -> dict:
+    """What the config's sglang section says of where the model comes from."""
+    return {key: sglang[key] for key in MODEL_SOURCE_KEYS if key in sglang}
+
+
+def model_folder_name(sglang: dict) -> str:
+    """The model's folder under resources/models/: its id and its source's hash,
+    so experiments that name one model at two revisions keep two folders."""
+    return content_key(model_directory_name(sglang["model"]), model_source(sglang))
 
 
 def container_model_path(model: str) -> str:
