@@ -10,6 +10,10 @@
 # changes what a run measures. (No input here is ancient(): when an ancient input's
 # job reruns, Snakemake 9.27 no longer looks at what depends on it for its own
 # reasons, and an added arm's runs would go unplanned.)
+#
+# A re-measure never destroys a valid run: each attempt writes into a folder of its
+# own under results/<experiment>/attempts/, and the run's outputs are copies of the
+# attempt that counts (measure/run_attempts.py says which).
 
 
 rule run_arm:
@@ -28,6 +32,8 @@ rule run_arm:
         monitors="results/{experiment}/{arm}/run{run}/monitors.json",
         provenance="results/{experiment}/{arm}/run{run}/provenance.json",
         server_log="results/{experiment}/{arm}/run{run}/server.log",
+        # Every attempt at the run, the superseded and failed ones included.
+        attempts="results/{experiment}/{arm}/run{run}/attempts.json",
     log:
         "results/logs/run_arm/{experiment}/{arm}/run{run}.log",
     priority: arm_run_priority
@@ -39,5 +45,7 @@ rule run_arm:
         server=SERVER.as_config(),
         client=CLIENT.as_config(),
         monitors=MONITORS.as_config(),
+        # Where every attempt is kept, outside the outputs Snakemake deletes.
+        attempts="results/{experiment}/attempts/{arm}/run{run}",
     script:
         "../scripts/run_arm.py"

@@ -1,10 +1,12 @@
-"""Snakemake shim: run one (arm, run) on a fresh server and write its results."""
+"""Snakemake shim: run one (arm, run) on a fresh server and write its results,
+keeping every earlier attempt (run_attempts.py)."""
 
 import json
 import logging
 import sys
 from pathlib import Path
 
+from serving_study.config.content_keys import canonical_sha256
 from serving_study.config.records import (
     Arm,
     ClientSettings,
@@ -14,8 +16,10 @@ from serving_study.config.records import (
     Variant,
 )
 from serving_study.measure.arm_runner import run_arm
+from serving_study.measure.run_attempts import RunAttempts, measure_attempt
 from serving_study.measure.run_outputs import RunPaths
 from serving_study.measure.run_provenance import run_provenance
+from serving_study.servers.parent_death import terminated_with_parent
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(
@@ -23,41 +27,68 @@ logging.basicConfig(
     level=logging.INFO,
     format="%(asctime)s %(levelname)s %(message)s",
 )
+# Snakemake killed outright leaves no job behind: the runner tears its server down.
+terminated_with_parent()
 
 
 def read_json(path: str) -> dict:
     return json.loads(Path(path).read_text())
 
 
-inputs = snakemake.input
+inputs, params, wildcards = snakemake.input, snakemake.params, snakemake.wildcards
 identity = read_json(inputs.variant)
-run_arm(
-    experiment=snakemake.wildcards.experiment,
-    arm=Arm.from_config(snakemake.params.arm),
-    run=int(snakemake.wildcards.run),
-    variant=Variant.from_identity(identity),
-    workload_manifest=Path(inputs.workload),
-    server_settings=ServerSettings.from_config(
-        snakemake.params.server,
-        # The variant's image, the model snapshot the model rule checked (or
-        # downloaded, or wrote) and the SGLang runtime built for this host's CPU,
-        # each when the arm needs one.
-        image_id_file=inputs.image or None,
-        model_snapshot=read_json(inputs.model[0]) if inputs.model else None,
-        runtime_python=read_json(inputs.runtime[0])["python"]
-        if inputs.runtime
-        else None,
-    ),
-    client=ClientSettings.from_config(snakemake.params.client),
-    monitors=MonitorSettings.from_config(snakemake.params.monitors),
-    # From the config, not a param: how runs share the host re-measures no run.
-    sharing=HostSharing.from_config(snakemake.config["host_sharing"]),
-    traced_to=run_provenance(snakemake.config, read_json(inputs.host), identity),
-    paths=RunPaths(
+arm = Arm.from_config(params.arm)
+run = int(wildcards.run)
+server_settings = ServerSettings.from_config(
+    params.server,
+    # The variant's image, the model snapshot the model rule checked (or
+    # downloaded, or wrote) and the SGLang runtime built for this host's CPU,
+    # each when the arm needs one.
+    image_id_file=inputs.image or None,
+    model_snapshot=read_json(inputs.model[0]) if inputs.model else None,
+    runtime_python=read_json(inputs.runtime[0])["python"] if inputs.runtime else None,
+)
+# What this run measures: an earlier attempt is given back only when it is the same.
+settings_sha256 = canonical_sha256(
+    {
+        "params": {
+            name: params[name] for name in ("arm", "server", "client", "monitors")
+        },
+        "variant": identity,
+        "workload": Path(inputs.workload).read_text(),
+    }
+)
+attempts = RunAttempts(
+    root=Path(params.attempts),
+    outputs=RunPaths(
         metrics=Path(snakemake.output.metrics),
         requests=Path(snakemake.output.requests),
         monitors=Path(snakemake.output.monitors),
         provenance=Path(snakemake.output.provenance),
         server_log=Path(snakemake.output.server_log),
+    ),
+    listing=Path(snakemake.output.attempts),
+    settings_sha256=settings_sha256,
+)
+traced_to = run_provenance(snakemake.config, read_json(inputs.host), identity)
+# From the config, not a param: how runs share the host re-measures no run.
+sharing = HostSharing.from_config(snakemake.config["host_sharing"])
+measure_attempt(
+    attempts,
+    sharing,
+    holder=f"experiment {wildcards.experiment}, arm {arm.name}, run {run}",
+    measure=lambda paths, lock: run_arm(
+        experiment=wildcards.experiment,
+        arm=arm,
+        run=run,
+        variant=Variant.from_identity(identity),
+        workload_manifest=Path(inputs.workload),
+        server_settings=server_settings,
+        client=ClientSettings.from_config(params.client),
+        monitors=MonitorSettings.from_config(params.monitors),
+        sharing=sharing,
+        traced_to={**traced_to, "settings_sha256": settings_sha256},
+        paths=paths,
+        lock=lock,
     ),
 )

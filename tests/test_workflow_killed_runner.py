@@ -16,6 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import psutil
 import pytest
 from study_helpers import (
     ROOT,
@@ -131,4 +132,43 @@ def test_a_killed_runners_container_goes_and_the_next_run_starts_clean(
 
     rerun_finishes_valid(workdir, config, experiment)
     assert study_containers(experiment, owned_by=gone) == []
+    assert leaked_segments() == []
+
+
+def processes_of(workdir: Path) -> list[str]:
+    """Every process whose command names the study's directory (its runners and
+    their servers)."""
+    return [
+        f"process {process.pid}: {' '.join(process.info['cmdline'])[:120]}"
+        for process in psutil.process_iter(["cmdline"])
+        if str(workdir) in " ".join(process.info["cmdline"] or [])
+    ]
+
+
+def test_snakemake_killed_outright_takes_its_runner_and_the_rerun_holds_nothing_of_it(
+    tmp_path,
+):
+    experiment = "test-killed-snakemake"
+    config = fault_study_config(ROOT / "config/test/config.yaml", experiment, tmp_path)
+    workdir = tmp_path / "study"
+    kill_serving_runner(workdir, config, experiment, lambda snakemake: snakemake.pid)
+    # The runner's watchdog saw Snakemake go and tore its server down.
+    deadline = time.monotonic() + 60
+    while processes_of(workdir) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_of(workdir) == []
+    attempts = workdir / "results" / experiment / "attempts"
+    killed = {path.name for path in attempts.glob("*/run*/*.partial")}
+    assert killed, "the killed attempt stays until the run is measured again"
+
+    # Snakemake killed outright leaves its directory locked, as it says.
+    unlocked = subprocess.run(
+        snakemake_command(workdir, "--unlock", config=config), capture_output=True
+    )
+    assert unlocked.returncode == 0, unlocked.stderr[-2000:]
+    rerun_finishes_valid(workdir, config, experiment)
+    assert list(attempts.glob("*/run*/*.partial")) == []
+    for listing in (workdir / "results" / experiment).glob("*/run*/attempts.json"):
+        names = {entry["attempt"] for entry in json.loads(listing.read_text())}
+        assert not {name.removesuffix(".partial") for name in killed} & names
     assert leaked_segments() == []

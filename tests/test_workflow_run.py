@@ -8,6 +8,7 @@ and Snakemake's own report. Needs root for the cgroup quota.
 import json
 import os
 import platform
+import shutil
 import subprocess
 import zipfile
 from html.parser import HTMLParser
@@ -17,6 +18,9 @@ import pandas as pd
 import pytest
 import yaml
 from study_helpers import leaked_segments, snakemake_command
+
+from serving_study.config.records import HostSharing
+from serving_study.measure.host_sharing import MeasurementLock
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "test" / "config.yaml"
@@ -124,7 +128,7 @@ def test_quota_and_threads_are_what_the_arm_asked_for(finished_study):
 
 
 def test_variants_differ_only_by_the_patch(finished_study):
-    variants = finished_study / "results" / "variants"
+    variants = finished_study / "results" / EXPERIMENT / "variants"
     original = json.loads((variants / "original.json").read_text())
     patched = json.loads((variants / "patched.json").read_text())
     assert original["source"]["sha256"] == patched["source"]["sha256"]
@@ -208,3 +212,40 @@ def test_nothing_of_the_runs_is_left_on_the_host(finished_study):
             [p for p in parent.iterdir() if p.is_dir()] if parent.exists() else []
         )
         assert not [child for child in children if EXPERIMENT in child.name]
+
+
+def test_a_forced_re_measure_on_a_busy_host_keeps_the_run_byte_for_byte(
+    finished_study, tmp_path
+):
+    """``--forcerun`` makes Snakemake delete the run's outputs; the new attempt
+    finds the host held by another pipeline (lock: fail), measures nothing, and
+    the run's earlier files are its outputs again, unchanged."""
+    study = tmp_path / "study"
+    shutil.copytree(finished_study, study, symlinks=True)
+    run = study / "results" / EXPERIMENT / "original" / "run1"
+    before = {path.name: path.read_bytes() for path in run.iterdir()}
+    busy = tmp_path / "busy.yaml"
+    lock_file = tmp_path / "measurement.lock"
+    busy.write_text(
+        yaml.safe_dump({"host_sharing": {"lock": "fail", "lock_file": str(lock_file)}})
+    )
+    sharing = HostSharing.from_config({"lock_file": str(lock_file)})
+    with MeasurementLock.acquire(sharing, "another pipeline's run"):
+        forced = subprocess.run(
+            snakemake_command(
+                study,
+                "--forcerun",
+                "run_arm",
+                "--cores",
+                "1",
+                str(run.relative_to(study) / "metrics.json"),
+                config=(CONFIG, busy),
+            ),
+            capture_output=True,
+            text=True,
+            timeout=900,
+        )
+    assert forced.returncode == 0, forced.stdout[-3000:] + forced.stderr[-3000:]
+    assert {path.name: path.read_bytes() for path in run.iterdir()} == before
+    log = study / "results/logs/run_arm" / EXPERIMENT / "original/run1.log"
+    assert "the run keeps its earlier attempt" in log.read_text()

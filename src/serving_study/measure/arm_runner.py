@@ -31,7 +31,11 @@ from serving_study.config.records import (
 )
 from serving_study.config.secrets import require_secrets
 from serving_study.measure.host_sharing import MeasurementLock
-from serving_study.measure.run_failure import ArmFailed, termination_as_interrupt
+from serving_study.measure.run_failure import (
+    ArmFailed,
+    FailedOutsideTheArm,
+    termination_as_interrupt,
+)
 from serving_study.measure.run_metrics import failed_run_metrics, summarize_run
 from serving_study.measure.run_outputs import RunPaths, now_iso, write_json
 from serving_study.measure.run_window import measure
@@ -60,6 +64,7 @@ def run_arm(
     paths: RunPaths,
     sharing: HostSharing | None = None,
     traced_to: dict | None = None,
+    lock: MeasurementLock | None = None,
 ) -> dict:
     """Run one (arm, run) and write all its outputs; return its metrics.
 
@@ -70,7 +75,9 @@ def run_arm(
     ``host_sharing``, the schema's defaults when None) from before its server
     starts until it is torn down, and first removes what dead runs left. A busy
     host (lock ``fail``, or waited too long) raises HostBusy: no output, so a
-    rerun measures it. Any other error fails this run only: it is recorded.
+    rerun measures it. Any other error fails this run only: it is recorded. A
+    caller that holds the lock already (run_attempts.py: it writes the run's
+    outputs under it) passes it as ``lock`` and releases it itself.
     """
     sharing = sharing or HostSharing.from_config({})
     # A secret the arm names but the runner lacks is a setup error: nothing starts.
@@ -79,7 +86,8 @@ def run_arm(
     group_name = owned_name(f"{experiment}-{arm.name}-run{run}")
     # What is recorded of the arm: secret values (tokens) never reach a file.
     recorded_arm = dataclasses.replace(arm, environment=redacted(arm.environment))
-    lock = MeasurementLock.acquire(
+    held_by_caller = lock is not None
+    lock = lock or MeasurementLock.acquire(
         sharing, holder=f"experiment {experiment}, arm {arm.name}, run {run}"
     )
     # The run's time starts once it has the host (the wait is in host_lock).
@@ -163,7 +171,9 @@ def run_arm(
         )
         provenance["client"] = load_summary
         write_json(paths.monitors, window)
-        metrics = summarize_run(paths.requests, paths.monitors, recorded_arm, checks)
+        metrics = summarize_run(
+            paths.requests, paths.monitors, recorded_arm, checks, run=run
+        )
     except Exception as failure:
         # ArmFailed says why; anything else is a fault of this run alone, and the
         # study goes on (an interrupt is not an Exception: it ends the job).
@@ -172,7 +182,12 @@ def run_arm(
             reason = f"unexpected {type(failure).__name__}: {failure}"
             provenance["traceback"] = traceback.format_exc()
         log.error("run failed: %s", reason)
-        metrics = failed_run_metrics(recorded_arm, run, (reason or "?").splitlines()[0])
+        metrics = failed_run_metrics(
+            recorded_arm,
+            run,
+            (reason or "?").splitlines()[0],
+            outside_the_arm=isinstance(failure, FailedOutsideTheArm),
+        )
         provenance["failure"] = reason
         for path in (paths.requests, paths.monitors):
             if not path.exists():
@@ -183,7 +198,8 @@ def run_arm(
                 server.stop()
                 provenance["leaked_segments_removed"] = server.leaked_segments
         finally:
-            lock.release()
+            if not held_by_caller:
+                lock.release()
     metrics.update(experiment=experiment, arm=arm.name, run=run)
     # Known only after the window and the teardown; listed beside any other reason.
     late_reasons = []
@@ -198,6 +214,7 @@ def run_arm(
         )
     if late_reasons:
         metrics["valid"] = False
+        metrics["outside_the_arm"] = False
         earlier = metrics.get("invalid_reasons") or []
         metrics["invalid_reasons"] = [*earlier, *late_reasons]
     provenance.update(

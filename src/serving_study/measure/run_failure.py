@@ -13,6 +13,11 @@ class ArmFailed(RuntimeError):
     """The run could not be measured; the message is recorded as its reason."""
 
 
+class FailedOutsideTheArm(ArmFailed):
+    """The run could not be measured for a reason that is not the arm's (its
+    server never became healthy, though the same settings served before)."""
+
+
 @contextlib.contextmanager
 def termination_as_interrupt():
     """Turn SIGTERM into KeyboardInterrupt while a run is in progress.

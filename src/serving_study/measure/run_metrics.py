@@ -27,7 +27,7 @@ from serving_study.measure.request_log import (
     read_request_log,
     values_of,
 )
-from serving_study.measure.run_validity import invalid_reasons
+from serving_study.measure.run_validity import invalid_reasons, only_outside_the_arm
 
 
 @dataclass(frozen=True)
@@ -114,17 +114,21 @@ def summarize_run(
         reasons.append(f"monitor summary {monitors_path} is missing")
     metrics["valid"] = not reasons
     metrics["invalid_reasons"] = reasons
+    metrics["outside_the_arm"] = only_outside_the_arm(reasons, monitors, checks)
     metrics["checks"] = checks
     return metrics
 
 
-def failed_run_metrics(arm: Arm, run: int, reason: str) -> dict:
+def failed_run_metrics(
+    arm: Arm, run: int, reason: str, outside_the_arm: bool = False
+) -> dict:
     """Metrics for a run that crashed before it measured anything: all null."""
     metrics = _identity(arm, run)
     for name in (*METRICS, *RUN_COUNTS):
         metrics[name] = None
     metrics["valid"] = False
     metrics["invalid_reasons"] = [reason]
+    metrics["outside_the_arm"] = outside_the_arm
     metrics["checks"] = None
     return metrics
 

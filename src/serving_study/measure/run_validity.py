@@ -30,6 +30,14 @@ def invalid_reasons(
     ]
 
 
+def only_outside_the_arm(
+    reasons: list[str], monitors: dict | None, checks: dict
+) -> bool:
+    """Whether the run is invalid only for the host's other load, none of the
+    arm's reasons (run_attempts.py then gives back an earlier valid attempt)."""
+    return bool(reasons) and set(reasons) <= set(_host_load_reasons(monitors, checks))
+
+
 def _request_reasons(records: list[dict], arm: Arm, checks: dict) -> list[str]:
     reasons = []
     measured_records = measured(records)

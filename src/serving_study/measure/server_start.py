@@ -18,7 +18,7 @@ from serving_study.measure.arm_server import (
     sglang_platform,
     shared_compile_cache,
 )
-from serving_study.measure.run_failure import ArmFailed
+from serving_study.measure.run_failure import ArmFailed, FailedOutsideTheArm
 from serving_study.measure.run_outputs import RunPaths
 from serving_study.measure.server_queries import ServerNeverHealthy, wait_until_healthy
 from serving_study.servers.container_commands import (
@@ -135,7 +135,9 @@ def start_healthy_server(
                     "port %d was taken before the server bound it; retrying", port
                 )
                 continue
-            raise ArmFailed(f"server never healthy: {error}\n{tail}") from error
+            raise FailedOutsideTheArm(
+                f"server never healthy: {error}\n{tail}"
+            ) from error
         except BaseException:
             # Interrupted while starting (e.g. SIGTERM): the caller never gets
             # this server, so it must not outlive this function.
