@@ -43,3 +43,11 @@ rule tiny_model:
         settings=config["sglang"].get("tiny_model", {}),
     script:
         "../scripts/tiny_model.py"
+
+
+# The experiment's model by name (its folder holds its source's hash): the real
+# model checked or downloaded, or the tiny model written.
+rule pinned_model:
+    input:
+        model_snapshot_file(),
+    localrule: True

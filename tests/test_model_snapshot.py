@@ -285,7 +285,7 @@ def test_the_model_rule_records_a_local_snapshot(tmp_path):
             tmp_path / "work",
             "--cores",
             "1",
-            target,
+            "pinned_model",
             config=(ROOT / "config" / "p4.yaml", local),
         ),
         capture_output=True,
