@@ -96,6 +96,10 @@ FIXES_REPORT_ITEMS = (
 rule aggregate:
     input:
         metrics=run_metrics_files(),
+        # Beside each run's metrics, in the same order: its earlier attempts, and
+        # whether the node it ran on differs from host.json.
+        attempts=run_attempts_files(),
+        provenance=run_provenance_files(),
     output:
         **RELEASE_TABLE_OUTPUT,
         **FIXES_TABLE_OUTPUT,
@@ -103,6 +107,7 @@ rule aggregate:
         arms="results/{experiment}/tables/arms.csv",
         ratios="results/{experiment}/tables/ratios.csv",
         invalid_runs="results/{experiment}/tables/invalid_runs.csv",
+        attempts="results/{experiment}/tables/attempts.csv",
         claims="results/{experiment}/tables/claims.csv",
     log:
         "results/logs/aggregate/{experiment}.log",
@@ -175,6 +180,13 @@ rule report_html:
             category="{experiment}",
             subcategory="Tables",
             labels={"item": "invalid runs and why"},
+        ),
+        attempts_table=report(
+            "results/{experiment}/figures/table_attempts.html",
+            caption="../report/table_attempts.rst",
+            category="{experiment}",
+            subcategory="Tables",
+            labels={"item": "earlier attempts, never in a median"},
         ),
         runs_table=report(
             "results/{experiment}/figures/table_runs.html",

@@ -127,6 +127,18 @@ def run_metrics_files():
     return [f"{run_directory(arm, run)}/metrics.json" for arm, run in arm_runs()]
 
 
+def run_attempts_files():
+    """Every run's attempts.json (its earlier attempts too), in run_metrics_files'
+    order."""
+    return [f"{run_directory(arm, run)}/attempts.json" for arm, run in arm_runs()]
+
+
+def run_provenance_files():
+    """Every run's provenance.json (its node among it), in run_metrics_files'
+    order."""
+    return [f"{run_directory(arm, run)}/provenance.json" for arm, run in arm_runs()]
+
+
 # Everything an arm needs is made before the first arm runs. The run_arm
 # priorities put the measurement in shuffled blocks (arm_order.py), but Snakemake
 # runs the highest-priority job that is ready: a preparation job left at priority

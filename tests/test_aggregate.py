@@ -1,9 +1,11 @@
-"""Per-arm medians, ratios, invalid runs and claim verdicts from the
-hand-computed fixture in tests/fixtures/report (its README has the numbers)."""
+"""Per-arm medians, ratios, invalid runs, earlier attempts and claim verdicts from
+the hand-computed fixture in tests/fixtures/report (its README has the numbers)."""
 
 import copy
 import json
 import math
+import platform
+import shutil
 from pathlib import Path
 
 import jsonschema
@@ -18,7 +20,10 @@ from serving_study.analysis.aggregate import (
     write_tables,
 )
 from serving_study.config.records import Arm
+from serving_study.measure.run_attempts import RunAttempts
 from serving_study.measure.run_metrics import METRICS, failed_run_metrics, summarize_run
+from serving_study.measure.run_node import describe_node, node_record
+from serving_study.measure.run_outputs import RunPaths
 
 FIXTURE = Path(__file__).parent / "fixtures" / "report"
 
@@ -28,7 +33,8 @@ def fixture_config() -> dict:
 
 
 def write_fixture_metrics(out_dir: Path) -> list[Path]:
-    """Summarize every fixture run into out_dir/<arm>/run<k>/metrics.json."""
+    """Summarize every fixture run into out_dir/<arm>/run<k>/metrics.json, with
+    the run's attempts.json beside it, as the arm runner leaves them."""
     arms = {arm["name"]: Arm.from_config(arm) for arm in fixture_config()["arms"]}
     paths = []
     for directory in sorted((FIXTURE / "runs").glob("*/run*")):
@@ -42,13 +48,30 @@ def write_fixture_metrics(out_dir: Path) -> list[Path]:
         path = out_dir / directory.parent.name / directory.name / "metrics.json"
         path.parent.mkdir(parents=True)
         path.write_text(json.dumps(metrics))
+        shutil.copyfile(directory / "attempts.json", path.with_name("attempts.json"))
         paths.append(path)
     return paths
 
 
+def beside(metrics_paths: list[Path], name: str) -> list[Path]:
+    """Each run's file ``name``, beside its metrics.json."""
+    return [path.with_name(name) for path in metrics_paths]
+
+
+def aggregate_runs(metrics_paths: list[Path], config: dict, provenance: bool = False):
+    """The tables as rule aggregate builds them: every run's metrics and its
+    attempts.json (and, with provenance, its provenance.json)."""
+    return aggregate(
+        metrics_paths,
+        config,
+        attempts_paths=beside(metrics_paths, "attempts.json"),
+        provenance_paths=beside(metrics_paths, "provenance.json") if provenance else [],
+    )
+
+
 @pytest.fixture
 def tables(tmp_path) -> dict[str, pd.DataFrame]:
-    return aggregate(write_fixture_metrics(tmp_path), fixture_config())
+    return aggregate_runs(write_fixture_metrics(tmp_path), fixture_config())
 
 
 def arm_row(tables, arm: str, metric: str) -> pd.Series:
@@ -230,6 +253,7 @@ def test_tables_survive_a_csv_round_trip(tables, tmp_path):
         "arms.csv",
         "ratios.csv",
         "invalid_runs.csv",
+        "attempts.csv",
         "claims.csv",
     ]
     again = read_tables(tmp_path / "tables")
@@ -238,6 +262,141 @@ def test_tables_survive_a_csv_round_trip(tables, tmp_path):
         assert len(again[name]) == len(table)
     assert again["claims"]["sentence"].tolist() == tables["claims"]["sentence"].tolist()
     assert again["runs"]["valid"].tolist() == tables["runs"]["valid"].tolist()
+
+
+# --- earlier attempts, and the node each run ran on ---------------------------------
+
+
+def attempt_at(attempts: RunAttempts, metrics: dict, fixture_run: Path) -> None:
+    """One attempt as the arm runner makes it: the run's files measured into the
+    attempt's own folder (the fixture run's, with ``metrics``), then kept."""
+    started = attempts.begin()
+    paths = started.paths
+    paths.metrics.write_text(json.dumps(metrics))
+    shutil.copyfile(fixture_run / "requests.jsonl", paths.requests)
+    shutil.copyfile(fixture_run / "monitors.json", paths.monitors)
+    paths.provenance.write_text(json.dumps(node_record(describe_node())))
+    paths.server_log.write_text("served\n")
+    attempts.finish(started, metrics)
+
+
+HOST_LOAD = "the host's other load was 1.6 cores"
+SERVER_SLOW = "the server never became healthy"
+
+
+def measured_three_times(study: Path, arm: str, run: int) -> None:
+    """Run ``run`` of ``arm`` measured three times: an attempt the next one
+    supersedes, the fixture's own (which becomes the run's), and one invalid for
+    reasons outside the arm, after which the run keeps the fixture's."""
+    directory = study / arm / f"run{run}"
+    own = json.loads((directory / "metrics.json").read_text())
+    attempts = RunAttempts(
+        root=study / "attempts" / arm / f"run{run}",
+        outputs=RunPaths.in_directory(directory),
+        listing=directory / "attempts.json",
+        settings_sha256="a" * 64,
+    )
+    # Figures far from the run's own: in a median, they would move it.
+    superseded = own | {"throughput_rps": 100.0, "main_cpu_percent": 5.0}
+    failed = own | {
+        "valid": False,
+        "outside_the_arm": True,
+        "throughput_rps": 0.01,
+        "invalid_reasons": [HOST_LOAD, SERVER_SLOW],
+    }
+    for metrics in (superseded, own, failed):
+        attempt_at(attempts, metrics, FIXTURE / "runs" / arm / f"run{run}")
+
+
+def test_earlier_attempts_are_listed_and_enter_no_median(tmp_path):
+    config = fixture_config()
+    plain = aggregate_runs(write_fixture_metrics(tmp_path / "plain"), config)
+    metrics = write_fixture_metrics(tmp_path / "study")
+    measured_three_times(tmp_path / "study", "original", 2)
+
+    tables = aggregate_runs(metrics, config)
+    write_tables(tables, tmp_path / "tables")
+    attempts = pd.read_csv(tmp_path / "tables" / "attempts.csv", keep_default_na=False)
+    columns = ["arm", "run", "outcome", "valid", "throughput_rps", "reasons"]
+    assert attempts[columns].to_dict("records") == [
+        {
+            "arm": "original",
+            "run": 2,
+            "outcome": "superseded",
+            "valid": True,
+            "throughput_rps": 100.0,
+            "reasons": "",
+        },
+        {
+            "arm": "original",
+            "run": 2,
+            "outcome": "failed outside the arm",
+            "valid": False,
+            "throughput_rps": 0.01,
+            "reasons": f"{HOST_LOAD}; {SERVER_SLOW}",
+        },
+    ]
+    listed = json.loads((tmp_path / "study/original/run2/attempts.json").read_text())
+    assert [entry["outcome"] for entry in listed] == [
+        "superseded",
+        "current",
+        "failed outside the arm",
+    ]
+    assert attempts["attempt"].tolist() == [listed[0]["attempt"], listed[2]["attempt"]]
+    # The run is its current attempt: every table but the attempts is the same.
+    for name in ("runs", "arms", "ratios", "invalid_runs", "claims"):
+        pd.testing.assert_frame_equal(tables[name], plain[name])
+    assert arm_row(tables, "original", "throughput_rps")["median"] == 1.6
+
+
+def test_a_study_measured_once_writes_the_attempts_table_with_its_header(
+    tables, tmp_path
+):
+    assert tables["attempts"].empty
+    write_tables(tables, tmp_path)
+    assert (tmp_path / "attempts.csv").read_text() == (
+        "arm,run,attempt,outcome,valid,throughput_rps,reasons\n"
+    )
+
+
+def test_a_run_on_another_node_is_flagged_in_the_runs_table(tmp_path):
+    metrics = write_fixture_metrics(tmp_path / "study")
+    elsewhere = {"hostname": f"not-{platform.node()}"}
+    hosts = {
+        ("patched", "run1"): elsewhere,
+        ("patched", "run2"): elsewhere | {"visible_cpus": 0},
+    }
+    for path in metrics:
+        run = (path.parent.parent.name, path.parent.name)
+        provenance = node_record(hosts.get(run, describe_node()))
+        path.with_name("provenance.json").write_text(json.dumps(provenance))
+    # A provenance written before runs recorded their node flags nothing.
+    metrics[0].with_name("provenance.json").write_text(json.dumps({"wall_s": 9.0}))
+
+    tables = aggregate_runs(metrics, fixture_config(), provenance=True)
+    write_tables(tables, tmp_path / "tables")
+    runs = pd.read_csv(tmp_path / "tables" / "runs.csv", keep_default_na=False)
+    flags = zip(runs["arm"], runs["run"], runs["node_differs_from_host"], strict=True)
+    assert list(flags) == [
+        ("original", 1, ""),
+        ("original", 2, ""),
+        ("original", 3, ""),
+        ("patched", 1, "hostname"),
+        ("patched", 2, "hostname,visible_cpus"),
+        ("patched", 3, ""),
+    ]
+    # A flag is no reason to drop a run.
+    assert arm_row(tables, "patched", "throughput_rps")["n_valid"] == 2
+
+
+def test_a_runs_files_out_of_order_are_refused(tmp_path):
+    metrics = write_fixture_metrics(tmp_path)
+    with pytest.raises(ValueError, match="is not beside"):
+        aggregate(
+            metrics,
+            fixture_config(),
+            attempts_paths=beside(list(reversed(metrics)), "attempts.json"),
+        )
 
 
 @pytest.mark.parametrize(

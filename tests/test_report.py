@@ -5,6 +5,7 @@ tests/fixtures/report."""
 import importlib
 import json
 import pkgutil
+import platform
 import shutil
 import subprocess
 from html.parser import HTMLParser
@@ -21,6 +22,7 @@ import serving_study.report
 from serving_study.analysis.aggregate import aggregate, read_tables, write_tables
 from serving_study.config.records import Arm
 from serving_study.measure.run_metrics import summarize_run
+from serving_study.measure.run_node import describe_node, node_record
 from serving_study.report import formatting
 from serving_study.report.charts import chart_specs
 from serving_study.report.page import build_report
@@ -80,12 +82,16 @@ def parse(path: Path) -> PageParts:
     return parts
 
 
+# What the aggregation reads of a run besides its metrics, where the run has it.
+RUN_FILES_READ = ("attempts.json", "provenance.json")
+
+
 def write_fixture_metrics(
     config: dict, out_dir: Path, runs: Path = FIXTURE / "runs"
 ) -> list[Path]:
-    """Summarize every run under runs/<arm>/run<k> into out_dir/<arm>-run<k>.json."""
+    """Summarize every run under runs/<arm>/run<k> into
+    out_dir/<arm>/run<k>/metrics.json, beside the run's RUN_FILES_READ."""
     arms = {arm["name"]: Arm.from_config(arm) for arm in config["arms"]}
-    out_dir.mkdir(parents=True)
     paths = []
     for directory in sorted(runs.glob("*/run*")):
         metrics = summarize_run(
@@ -94,10 +100,20 @@ def write_fixture_metrics(
             arms[directory.parent.name],
             json.loads((directory / "checks.json").read_text()),
         )
-        path = out_dir / f"{directory.parent.name}-{directory.name}.json"
+        path = out_dir / directory.parent.name / directory.name / "metrics.json"
+        path.parent.mkdir(parents=True)
         path.write_text(json.dumps(metrics))
+        for name in RUN_FILES_READ:
+            if (directory / name).exists():
+                shutil.copyfile(directory / name, path.with_name(name))
         paths.append(path)
     return paths
+
+
+def files_beside(metrics_paths: list[Path], name: str) -> list[Path]:
+    """Each run's file ``name`` beside its metrics, or none when a run lacks it."""
+    paths = [path.with_name(name) for path in metrics_paths]
+    return paths if all(path.exists() for path in paths) else []
 
 
 def report_settings(config: dict) -> ReportSettings:
@@ -107,7 +123,13 @@ def report_settings(config: dict) -> ReportSettings:
 
 
 def load_inputs(tmp_path: Path, config: dict, runs: Path = FIXTURE / "runs"):
-    tables = aggregate(write_fixture_metrics(config, tmp_path / "runs", runs), config)
+    metrics = write_fixture_metrics(config, tmp_path / "runs", runs)
+    tables = aggregate(
+        metrics,
+        config,
+        attempts_paths=files_beside(metrics, "attempts.json"),
+        provenance_paths=files_beside(metrics, "provenance.json"),
+    )
     write_tables(tables, tmp_path / "tables")
     host = json.loads((FIXTURE / "host.json").read_text())
     variants = [json.loads(p.read_text()) for p in sorted(FIXTURE.glob("variants/*"))]
@@ -238,6 +260,7 @@ def test_each_figure_and_table_has_its_own_offline_page(built):
         "arm_comparison.html",
         "arm_comparison.vl.json",
         "table_arms.html",
+        "table_attempts.html",
         "table_claims.html",
         "table_invalid_runs.html",
         "table_ratios.html",
@@ -255,6 +278,87 @@ def test_each_figure_and_table_has_its_own_offline_page(built):
     claims_page = parse(figures / "table_claims.html")
     assert not claims_page.scripts
     assert "cannot tell" in " ".join(claims_page.text)
+
+
+EARLIER_ATTEMPTS = "Earlier attempts (superseded or failed; never in a median)"
+
+
+def with_earlier_attempts(runs: Path, reason: str) -> Path:
+    """``runs``, with original run 2 measured thrice as its attempts.json lists it:
+    a superseded attempt, its current one, and one that failed outside the arm."""
+    listing = runs / "original" / "run2" / "attempts.json"
+    (current,) = json.loads(listing.read_text())
+    superseded = {
+        "attempt": "20260101T095000.000000Z-4100",
+        "outcome": "superseded",
+        "valid": False,
+        "throughput_rps": 0.5,
+        "invalid_reasons": [reason],
+    }
+    failed = {
+        "attempt": "20260101T103000.000000Z-4300",
+        "outcome": "failed outside the arm",
+        "valid": False,
+        "throughput_rps": None,
+        "invalid_reasons": ["the host's other load was 1.6 cores"],
+    }
+    listing.write_text(json.dumps([superseded, current, failed], indent=2) + "\n")
+    return runs
+
+
+def test_earlier_attempts_have_a_section_only_when_a_run_has_some(built, tmp_path):
+    assert EARLIER_ATTEMPTS not in " ".join(parse(built["page"]).text)
+    own_page = " ".join(parse(built["figures"] / "table_attempts.html").text)
+    assert "None: every run was measured once." in own_page
+
+    config = yaml.safe_load((FIXTURE / "config.yaml").read_text())
+    runs = tmp_path / "logs"
+    shutil.copytree(FIXTURE / "runs", runs)
+    reason = "server restarted <b>twice</b>"
+    tables, host, variants = load_inputs(
+        tmp_path, config, with_earlier_attempts(runs, reason)
+    )
+    page = tmp_path / "report.html"
+    build_report(tables, report_settings(config), host, variants, page)
+
+    text = " ".join(parse(page).text)
+    assert EARLIER_ATTEMPTS in text
+    for shown in (
+        "20260101T095000.000000Z-4100",
+        "superseded",
+        "20260101T103000.000000Z-4300",
+        "failed outside the arm",
+        "the host's other load was 1.6 cores",
+        reason,
+    ):
+        assert shown in text
+    assert reason not in page.read_text(encoding="utf-8")  # escaped
+    assert "1.6 [1–2]" in text  # original's median, as without the attempts
+
+
+def test_the_runs_table_flags_a_run_on_another_node(built, tmp_path):
+    assert "node differs from host.json in" not in (
+        built["figures"] / "table_runs.html"
+    ).read_text(encoding="utf-8")
+
+    config = yaml.safe_load((FIXTURE / "config.yaml").read_text())
+    runs = tmp_path / "logs"
+    shutil.copytree(FIXTURE / "runs", runs)
+    elsewhere = {"hostname": f"not-{platform.node()}"}
+    for directory in runs.glob("*/run*"):
+        host = elsewhere if directory.name == "run1" else describe_node()
+        provenance = node_record(host)
+        (directory / "provenance.json").write_text(json.dumps(provenance))
+    tables, host, variants = load_inputs(tmp_path, config, runs)
+    figures = tmp_path / "figures"
+    build_report(
+        tables, report_settings(config), host, variants, tmp_path / "r.html", figures
+    )
+
+    parts = parse(figures / "table_runs.html")
+    text = " ".join(parts.text)
+    assert "node differs from host.json in" in text
+    assert text.count("hostname") == 2  # original run 1 and patched run 1
 
 
 def test_figure_4_renders_with_the_arms_and_the_study_numbers(built):
@@ -388,6 +492,7 @@ SHOWN_FIELDS = (
     "torch_version",
     "gpu_reason",
     "variant_source",
+    "attempt_reason",
 )
 PAYLOAD_KINDS = ("script", "img", "breakout", "attribute")
 
@@ -413,8 +518,8 @@ def payload(field: str) -> str:
 
 def hostile_inputs(tmp_path: Path):
     """The fixture with a payload in every free-text field of the config, the
-    host, the variants and a failed request's error: (tables, config, host,
-    variants)."""
+    host, the variants, a failed request's error and an earlier attempt's reason:
+    (tables, config, host, variants)."""
     runs = tmp_path / "logs"
     shutil.copytree(FIXTURE / "runs", runs)
     failed = runs / "patched" / "run3" / "requests.jsonl"
@@ -423,6 +528,7 @@ def hostile_inputs(tmp_path: Path):
         if record["error"]:
             record["error"] = payload("error")
     failed.write_text("".join(json.dumps(record) + "\n" for record in records))
+    with_earlier_attempts(runs, payload("attempt_reason"))
     environment = {"PAYLOAD_NOTE": payload("environment")}
     # The server saw the arm's environment: the patched runs stay as valid as before.
     for path in runs.glob("patched/run*/checks.json"):

@@ -26,6 +26,9 @@ IDENTITY_COLUMNS = (
     "cpu_quota",
     "environment",
 )
+# The fields where the node a run ran on differs from host.json (its provenance's
+# node_differs_from_host, measure/run_node.py), joined with ","; empty when none.
+NODE_FLAG = "node_differs_from_host"
 
 
 # --- runs ---------------------------------------------------------------------
@@ -39,17 +42,30 @@ def runs_table(records: list[dict], config: dict) -> pd.DataFrame:
         row["environment"] = describe_environment(record.get("environment"))
         row["valid"] = bool(record.get("valid"))
         row["invalid_reasons"] = "; ".join(record.get("invalid_reasons") or [])
+        row[NODE_FLAG] = ",".join(record.get(NODE_FLAG) or [])
         for name in (*RUN_COUNTS, *METRICS):
             row[name] = record.get(name)
         rows.append(row)
-    columns = [*IDENTITY_COLUMNS, "valid", "invalid_reasons", *RUN_COUNTS, *METRICS]
+    columns = [
+        *IDENTITY_COLUMNS,
+        "valid",
+        "invalid_reasons",
+        NODE_FLAG,
+        *RUN_COUNTS,
+        *METRICS,
+    ]
     runs = pd.DataFrame(rows, columns=columns)
     for name in (*RUN_COUNTS, *METRICS):
         runs[name] = pd.to_numeric(runs[name], errors="coerce").astype(float)
+    return in_config_order(runs, config)
+
+
+def in_config_order(table: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """``table``'s rows by arm in the config's order, then by run (stable)."""
     order = {arm["name"]: position for position, arm in enumerate(config["arms"])}
-    runs["_order"] = runs["arm"].map(lambda arm: order.get(arm, len(order)))
-    runs = runs.sort_values(["_order", "arm", "run"], kind="stable")
-    return runs.drop(columns="_order").reset_index(drop=True)
+    table = table.assign(_order=table["arm"].map(lambda a: order.get(a, len(order))))
+    table = table.sort_values(["_order", "arm", "run"], kind="stable")
+    return table.drop(columns="_order").reset_index(drop=True)
 
 
 def describe_environment(environment: dict | None) -> str:

@@ -4,7 +4,8 @@ The page opens with a plain sentence per claim (holds, does not hold, cannot
 tell), and for a release series where each figure first changed; then the
 setup (host, quota, threads, GPU, engine, variants, run dates), the figures,
 and the tables: arms beside the study's numbers, ratios, claim verdicts,
-invalid runs and every run (and each release against the one before it).
+invalid runs, earlier attempts (only when a run has any) and every run (and
+each release against the one before it).
 Every string that comes from a config, a host description or a log is
 HTML-escaped (markup.py); the page loads nothing from the network
 (document.py).
@@ -24,6 +25,7 @@ from serving_study.analysis.aggregate import (
     MAP_CONTRAST_TABLE,
     MAP_TABLE,
 )
+from serving_study.analysis.attempts import ATTEMPTS_TABLE
 from serving_study.analysis.fix_comparison import FIXES_TABLE
 from serving_study.report.charts import chart_specs
 from serving_study.report.document import html_document
@@ -40,6 +42,7 @@ from serving_study.report.settings import ReportSettings
 from serving_study.report.study_setup import platform_html, setup_html, variants_html
 from serving_study.report.tables import (
     arms_html,
+    attempts_html,
     invalid_runs_html,
     map_by_quota_html,
     map_cells_html,
@@ -53,6 +56,7 @@ TABLE_TITLES = {
     "ratios": "Ratios of arm medians",
     "claims": "Claims and verdicts",
     "invalid_runs": "Invalid runs, left out of every median",
+    ATTEMPTS_TABLE: "Earlier attempts (superseded or failed; never in a median)",
     "runs": "Every run",
     "releases": "Releases: each against the release before",
     MAP_BY_QUOTA_TABLE: "Thread x quota map: the variants compared per quota",
@@ -140,7 +144,7 @@ def render_report(
         "<h2>Figures</h2>",
         *(figure_html(name, spec) for name, spec in specs.items()),
     ]
-    for name, section in table_sections(tables, settings).items():
+    for name, section in page_sections(tables, settings).items():
         parts += [f"<h2>{escape(TABLE_TITLES[name])}</h2>", section]
     parts += ["<h2>How the numbers were made</h2>", method_html()]
     return html_document(
@@ -157,6 +161,7 @@ def table_sections(
         "ratios": ratios_html(tables),
         "claims": claims_html(tables),
         "invalid_runs": invalid_runs_html(tables),
+        ATTEMPTS_TABLE: attempts_html(tables),
         "runs": runs_html(tables),
     }
     if is_release_series(settings, tables):
@@ -167,4 +172,15 @@ def table_sections(
         sections[MAP_TABLE] = map_cells_html(tables[MAP_TABLE])
     if FIXES_TABLE in tables:
         sections = {FIXES_TABLE: fixes_html(tables[FIXES_TABLE]), **sections}
+    return sections
+
+
+def page_sections(
+    tables: dict[str, pd.DataFrame], settings: ReportSettings
+) -> dict[str, str]:
+    """The tables the report page shows: each of table_sections, but the earlier
+    attempts only when a run has any (their own page is always written)."""
+    sections = table_sections(tables, settings)
+    if tables[ATTEMPTS_TABLE].empty:
+        del sections[ATTEMPTS_TABLE]
     return sections

@@ -1,9 +1,12 @@
-"""The measurement tables: arms beside the study's numbers, invalid runs, every
-run, and every cell of the thread x quota map."""
+"""The measurement tables: arms beside the study's numbers, invalid runs, earlier
+attempts, every run (flagged where its node differs from host.json), and every
+cell of the thread x quota map."""
 
 import pandas as pd
 
+from serving_study.analysis.attempts import ATTEMPTS_TABLE
 from serving_study.analysis.numbers import format_number
+from serving_study.analysis.summaries import NODE_FLAG
 from serving_study.measure.run_metrics import METRICS
 from serving_study.report.formatting import (
     interval_text,
@@ -129,8 +132,35 @@ def invalid_runs_html(tables: dict[str, pd.DataFrame]) -> str:
     return html_table(["arm", "run", "reasons"], rows)
 
 
+def attempts_html(tables: dict[str, pd.DataFrame]) -> str:
+    attempts = tables[ATTEMPTS_TABLE]
+    if attempts.empty:
+        return "<p>None: every run was measured once.</p>"
+    rows = [
+        [
+            row["arm"],
+            text(row["run"]),
+            text(row["attempt"]),
+            text(row["outcome"]),
+            "yes" if row["valid"] else "no",
+            format_number(row["throughput_rps"]),
+            text(row["reasons"]),
+        ]
+        for row in attempts.to_dict("records")
+    ]
+    header = ["arm", "run", "attempt", "outcome", "valid"]
+    header += [metric_heading("throughput_rps"), "reasons"]
+    note = (
+        "Kept on disk under results/<experiment>/attempts/; each run's current "
+        "attempt is the one in the table of every run."
+    )
+    return f'<p class="note">{escape(note)}</p>' + html_table(header, rows)
+
+
 def runs_html(tables: dict[str, pd.DataFrame]) -> str:
     runs = tables["runs"]
+    flags = [text(flag) for flag in runs.get(NODE_FLAG, pd.Series(dtype=str))]
+    flagged = any(flags)
     header = ["arm", "run", "valid"] + [
         metric_heading(c) if c in METRICS else c.replace("_", " ") for c in RUN_COLUMNS
     ]
@@ -139,7 +169,20 @@ def runs_html(tables: dict[str, pd.DataFrame]) -> str:
         + [format_number(row[column]) for column in RUN_COLUMNS]
         for row in runs.to_dict("records")
     ]
-    return html_table(header, rows, numeric_from=3)
+    if not flagged:
+        return html_table(header, rows, numeric_from=3)
+    # Where a run's node differs from host.json: a flag, not a reason to drop it.
+    header.insert(3, "node differs from host.json in")
+    for row, flag in zip(rows, flags, strict=True):
+        row.insert(3, flag.replace(",", ", "))
+    note = (
+        'A run flagged in "node differs from host.json in" ran on another node '
+        "than the one host.json describes (SLURM may place each run on its own "
+        "node); it still counts."
+    )
+    return f'<p class="note">{escape(note)}</p>' + html_table(
+        header, rows, numeric_from=4
+    )
 
 
 def map_cells_html(cells: pd.DataFrame) -> str:
