@@ -94,9 +94,7 @@ TINY_MODEL = (
 
 # The tiny model's name holds its settings' digest; a Hub model's folder its id's
 # and its source's (id, revision, local path).
-MODEL = (
-    TINY_MODEL.directory_name if TINY_MODEL else model_folder_name(config["sglang"])
-)
+MODEL = TINY_MODEL.directory_name if TINY_MODEL else model_folder_name(config["sglang"])
 
 
 def one_of(names):
