@@ -30,7 +30,6 @@ DOWNLOADING_FIXTURES = {
     "sglang_0_5_23",
     "transport_sources_0_5_23",
     "sglang_cpu_runtime",
-    "sglang_parser_python",
 }
 # Modules whose tests run this workflow's fetch_source rule, which downloads.
 WORKFLOW_MODULES = {

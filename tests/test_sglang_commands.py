@@ -10,14 +10,11 @@ every GPU experiment.
 
 import argparse
 import contextlib
-import fcntl
-import hashlib
 import io
 import json
+import os
 import re
-import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -29,6 +26,7 @@ from serving_study.config.platform import (
     GPU_PLATFORM,
     PROJECT_ROOT,
     compile_cache,
+    python_path,
 )
 from serving_study.config.records import Arm
 from serving_study.config.server_arguments import (
@@ -53,31 +51,6 @@ GPU_EXPERIMENTS = ("b1", "p4", "p5", "p6b")
 RADIX_CACHE_OFF = {"b1": True, "p4": True, "p5": False, "p6b": True}
 THREAD_CAPPED_ARMS = {("b1", "B"), ("b1", "D"), ("p6b", "omp-8")}
 MODEL_PATH = "/models/Qwen--Qwen3-VL-4B-Instruct"
-
-# torch first (the local CPU build; an unpinned torch would pull a multi-GB CUDA
-# build), SGLang without its dependencies, then what `import sglang.srt.server_args`
-# needs (research notes, sglang-facts.md section 7).
-PARSER_INSTALLS = (
-    ("torch==2.13.0",),
-    ("--no-deps", "sglang==0.5.23"),
-    (
-        "numpy==2.4.6",
-        "orjson==3.13.0",
-        "psutil==7.2.2",
-        "pybase64==1.5.1",
-        "requests==2.34.2",
-        "triton==3.9.0",
-        "packaging==26.4",
-        "pillow==13.0.0",
-        "starlette==1.10.0",
-        "msgspec==0.23.0",
-        "pydantic==2.14.4",
-        "pyzmq==27.3.0",
-        "tqdm==4.70.1",
-        "ipython==9.18.1",
-        "aiohttp==3.14.5",
-    ),
-)
 
 # Runs inside the parser's environment: {case: arguments} on stdin, {case: what
 # SGLang resolved, or the parser's error} on stdout.
@@ -405,45 +378,22 @@ def test_the_rule_writes_every_arm_with_its_container(written_commands):
                 assert f"{variable}={value}" in flag_values(container, "--env")
 
 
-@contextlib.contextmanager
-def exclusive_lock(path: Path):
-    """Other pytest runs on this host may build the same environment at once."""
-    with open(path, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
-
-
 @pytest.fixture(scope="session")
-def sglang_parser_python(pytestconfig) -> Path:
-    """The Python of an environment where SGLang 0.5.23's parser imports (kept in
-    pytest's cache; rebuilt when the pinned package list changes)."""
-    pins = hashlib.sha256(json.dumps(PARSER_INSTALLS).encode()).hexdigest()[:12]
-    cache = pytestconfig.cache.mkdir("sglang-0.5.23-parser")
-    environment = cache / pins
-    python = environment / "bin" / "python"
-    with exclusive_lock(cache / "lock"):
-        if (environment / "complete").is_file():
-            return python
-        shutil.rmtree(environment, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(environment)], check=True)
-        for packages in PARSER_INSTALLS:
-            installed = subprocess.run(
-                [str(python), "-m", "pip", "install", "--quiet", *packages],
-                capture_output=True,
-                text=True,
-            )
-            assert installed.returncode == 0, installed.stdout + installed.stderr
-        (environment / "complete").write_text(json.dumps(PARSER_INSTALLS) + "\n")
-    return python
+def sglang_parser(sglang_cpu_runtime, sglang_0_5_23) -> tuple[str, dict]:
+    """A Python where SGLang 0.5.23's own parser imports: the real server's CPU
+    runtime (built once per CI run for the tests of the real server), with the
+    release's source and the sgl-kernel stand-in on its path, as a server has them."""
+    tree, _ = sglang_0_5_23
+    path = python_path(CPU_PLATFORM, str(tree / "python"))
+    return sglang_cpu_runtime["python"], dict(os.environ, PYTHONPATH=path)
 
 
-def sglang_parses(python: Path, cases: dict[str, list[str]]) -> dict[str, dict]:
+def sglang_parses(parser: tuple[str, dict], cases: dict) -> dict[str, dict]:
+    python, environment = parser
     finished = subprocess.run(
-        [str(python), "-c", PARSE_PROGRAM],
+        [python, "-c", PARSE_PROGRAM],
         input=json.dumps(cases),
+        env=environment,
         capture_output=True,
         text=True,
         timeout=300,
@@ -477,7 +427,7 @@ UNKNOWN_TO_SGLANG = {
 
 
 @pytest.fixture(scope="module")
-def sglang_answers(written_commands, sglang_parser_python) -> dict[str, dict]:
+def sglang_answers(written_commands, sglang_parser) -> dict[str, dict]:
     """SGLang's parser on every written arm and the cases below, in one process
     (importing SGLang takes seconds)."""
     cases = {
@@ -487,7 +437,7 @@ def sglang_answers(written_commands, sglang_parser_python) -> dict[str, dict]:
     }
     cases["memory and extra"] = server_arguments(memory_and_extra_arguments())
     cases |= UNKNOWN_TO_SGLANG
-    answers = sglang_parses(sglang_parser_python, cases)
+    answers = sglang_parses(sglang_parser, cases)
     assert set(answers) == set(cases)
     return answers
 
@@ -555,12 +505,14 @@ json.dump({"options": options, "hosts": hosts}, sys.stdout)
 
 
 def test_sglang_0_5_23_takes_abbreviated_flags_and_the_guard_knows_its_options(
-    sglang_parser_python,
+    sglang_parser,
 ):
     cases = [["--host=0.0.0.0"], ["--hos", "0.0.0.0"], ["--ho=0.0.0.0"], ["--h=1"]]
+    python, environment = sglang_parser
     finished = subprocess.run(
-        [str(sglang_parser_python), "-c", OPTIONS_PROGRAM],
+        [python, "-c", OPTIONS_PROGRAM],
         input=json.dumps(cases),
+        env=environment,
         capture_output=True,
         text=True,
         timeout=300,
