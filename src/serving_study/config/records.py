@@ -163,9 +163,9 @@ class Arm:
 
 @dataclass(frozen=True)
 class Variant:
-    """A prepared variant (``results/variants/<name>.json``): the tree its server
-    imports, the ``mm_utils.py`` hash a run checks the server loaded, and the whole
-    identity record, which provenance keeps as it is."""
+    """A prepared variant (``results/<experiment>/variants/<name>.json``): the tree
+    its server imports, the ``mm_utils.py`` hash a run checks the server loaded, and
+    the whole identity record, which provenance keeps as it is."""
 
     name: str
     sglang_python_root: str

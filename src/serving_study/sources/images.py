@@ -133,8 +133,8 @@ def assemble_context(
 ) -> Path:
     """Lay out the build context of one variant's image in ``context`` (created).
 
-    ``variant`` is the variant's identity (results/variants/<name>.json), whose
-    ``sglang_python_root`` is the variant's ``python/`` tree. The embedded engine's
+    ``variant`` is the variant's identity (results/<experiment>/variants/<name>.json),
+    whose ``sglang_python_root`` is the variant's ``python/`` tree. The embedded engine's
     image also takes ``package_directory`` (src/serving_study) and ``wheelhouse``;
     the ``sglang-cpu`` image takes ``wheelhouse`` (the lock's) and
     ``python_path_directories`` (the platform's: the load probe, the sgl-kernel

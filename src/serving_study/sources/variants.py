@@ -68,7 +68,8 @@ def prepare_variant(
     ``patch_path`` is the variant's ``patch`` resolved by the caller (None when the
     variant has none). A variant with ``pull_request`` fetches that pull request's
     diff against the source's commit, keeps it as ``dest/pull-request-<N>.patch`` and
-    applies it. The caller writes the identity (``results/variants/<name>.json``).
+    applies it. The caller writes the identity
+    (``results/<experiment>/variants/<name>.json``).
     """
     name = variant["name"]
     if variant.get("source") != source_identity["name"]:

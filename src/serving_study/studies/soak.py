@@ -95,9 +95,11 @@ def soak(config_path: Path, runs: int, requests: int | None, workdir: Path) -> d
         arm = arms[arm_name]
         if requests:
             arm = dataclasses.replace(arm, requests=requests)
-        identity = RESULTS / "variants" / f"{arm.variant}.json"
+        # The experiment's own variants and workloads, as its study made them.
+        prepared = RESULTS / config["experiment"]
+        identity = prepared / "variants" / f"{arm.variant}.json"
         variant = Variant.from_identity(json.loads(identity.read_text()))
-        manifest = RESULTS / "workloads" / arm.workload / "manifest.json"
+        manifest = prepared / "workloads" / arm.workload / "manifest.json"
         directory = workdir / arm_name / f"run{run}"
         directory.mkdir(parents=True, exist_ok=True)
         metrics = run_arm(
