@@ -134,9 +134,9 @@ def assemble_context(
     """Lay out the build context of one variant's image in ``context`` (created).
 
     ``variant`` is the variant's identity (results/<experiment>/variants/<name>.json),
-    whose ``sglang_python_root`` is the variant's ``python/`` tree. The embedded engine's
-    image also takes ``package_directory`` (src/serving_study) and ``wheelhouse``;
-    the ``sglang-cpu`` image takes ``wheelhouse`` (the lock's) and
+    whose ``sglang_python_root`` is the variant's ``python/`` tree. The embedded
+    engine's image also takes ``package_directory`` (src/serving_study) and
+    ``wheelhouse``; the ``sglang-cpu`` image takes ``wheelhouse`` (the lock's) and
     ``python_path_directories`` (the platform's: the load probe, the sgl-kernel
     stand-in), each laid out as ``serving-study/<its name>``. A wheelhouse's
     manifest stays out: its timestamp would defeat the build cache.
