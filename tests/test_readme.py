@@ -2,6 +2,7 @@
 quick start's commands are the ones CI runs, every figure quoted matches the published
 tables under docs/results/, the README stays short, and every link resolves."""
 
+import json
 import re
 from pathlib import Path
 
@@ -801,3 +802,32 @@ def test_the_readme_counts_each_experiments_runs(heading, results, shown):
         "total": len(runs),
     }
     assert shown.format(**counts) in flat(section(README, heading))
+
+
+def test_the_harness_page_quotes_the_published_harness_figures():
+    """docs/harness-performance.md's table and breakdown are harness.json's, as the
+    harness_benchmarks target wrote it."""
+    figures = json.loads((DOCS / "results/harness/harness.json").read_text())
+    text = flat(section(DOCS / "harness-performance.md", "## Measured"))
+    rate = figures["client_rate"]
+    phases = figures["arm"]["phases_s"]
+    after_window = sum(
+        phases[name] for name in ("after_measured", "teardown", "server_shutdown")
+    )
+    quoted = [
+        f"{rate['client_max_rps']:,.0f} req/s = {rate['client_headroom_ratio']}x",
+        f"| {figures['client_ttft_overhead_ms_p50']} ms |",
+        f"| {figures['monitor_cpu_fraction'] * 100:.2f}% |",
+        f"| {figures['arm_overhead_s']} s |",
+        f"| {figures['shm_copy_patched_to_memcpy_ratio']} |",
+        f"| {figures['default_study_wall_s']} s |",
+        f"| {phases['launch_to_healthy']} |",
+        f"| {phases['healthy_to_client_start']} |",
+        f"| {phases['client_warmup']} |",
+        f"| {after_window:.3f} |",
+        f"client's p50 was {figures['client_ttft']['client_ttft_ms_p50']} ms",
+        f"raw socket's {figures['client_ttft']['raw_socket_ttft_ms_p50']} ms",
+        f"beyond its {figures['arm']['measured_seconds']:.1f} s window",
+    ]
+    missing = [figure for figure in quoted if figure not in text]
+    assert missing == []
