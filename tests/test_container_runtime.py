@@ -737,6 +737,12 @@ def test_a_refused_start_is_an_exit_code_not_an_exception(docker_engine, tmp_pat
     assert "docker run` failed" in server.log_tail()
 
 
+def the_wheelhouse(workdir: Path, kind: str) -> Path:
+    """The study's one wheelhouse of ``kind`` (its folder holds a platform hash)."""
+    (wheelhouse,) = (workdir / "resources").glob(f"{kind}-????????????")
+    return wheelhouse
+
+
 @pytest.mark.docker
 def test_the_build_fails_when_the_image_would_not_run_the_variant(
     docker_study, tmp_path
@@ -760,7 +766,7 @@ def test_the_build_fails_when_the_image_would_not_run_the_variant(
             inspect_file=tmp_path / "wrong.inspect.json",
             log_path=tmp_path / "build.log",
             package_directory=ROOT / "src/serving_study",
-            wheelhouse=docker_study / "resources/wheelhouse",
+            wheelhouse=the_wheelhouse(docker_study, "wheelhouse"),
         )
     assert f"has sha256 {variant['mm_utils_sha256']}" in str(failure.value)
     assert not (tmp_path / "wrong.iid").exists()
