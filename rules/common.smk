@@ -42,23 +42,6 @@ except ConfigError as error:
     sys.exit(f"Config error (nothing was run):\n{error}")
 
 
-def sorted_mappings(value):
-    """``value`` with every mapping's keys in sorted order (lists keep theirs)."""
-    if isinstance(value, dict):
-        return {key: sorted_mappings(value[key]) for key in sorted(value)}
-    if isinstance(value, list):
-        return [sorted_mappings(item) for item in value]
-    return value
-
-
-# The order of keys in a YAML file is no setting. Snakemake compares a job's params
-# as written, so a config whose keys were merely reordered would re-measure every
-# run that takes a mapping of it: the config's mappings are put in one order here.
-_checked = sorted_mappings(dict(config))
-config.clear()
-config.update(_checked)
-
-
 # A measurement owns the host: Snakemake caps a job's threads at --cores, so asking
 # for more than any host has keeps every other job off the machine during an arm.
 WHOLE_HOST = 4096

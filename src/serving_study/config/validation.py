@@ -357,12 +357,25 @@ def bisect_problems(config: dict, arm_names: list[str]) -> list[str]:
     return problems
 
 
+def sorted_mappings(value):
+    """``value`` with every mapping's keys in sorted order (lists keep theirs)."""
+    if isinstance(value, dict):
+        return {key: sorted_mappings(value[key]) for key in sorted(value)}
+    if isinstance(value, list):
+        return [sorted_mappings(item) for item in value]
+    return value
+
+
 def check_config(
     config: dict, schema_path: Path, config_files: Sequence[str], project_root: Path
 ) -> dict:
-    """Validate ``config`` in place (defaults filled) or raise one ConfigError.
+    """Validate ``config`` in place (defaults filled, every mapping's keys sorted)
+    or raise one ConfigError.
 
     ``config_files`` are the files the config was merged from, named in the message.
+    The order of keys in a YAML file is no setting, but Snakemake compares a job's
+    params as written: a config whose keys were merely reordered would re-measure
+    every run that takes a mapping of it.
     """
     source = " + ".join(str(path) for path in config_files) or "the config"
     # Before the schema, whose messages may quote a value: a config that holds a
@@ -374,4 +387,7 @@ def check_config(
         problems = reference_problems(config, project_root)
     if problems:
         raise ConfigError("\n".join(f"{source}: {problem}" for problem in problems))
+    checked = sorted_mappings(config)
+    config.clear()
+    config.update(checked)
     return config
