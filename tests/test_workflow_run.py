@@ -69,6 +69,13 @@ def test_every_run_is_measured_and_valid(finished_study):
         provenance = json.loads((run / "provenance.json").read_text())
         assert provenance["variant"]["name"] == arm
         assert provenance["leaked_segments_removed"] == []
+        # Its wall time, phase by phase, from the lock to the files it wrote.
+        phases = provenance["phases_s"]
+        assert all(value is not None and value >= 0 for value in phases.values())
+        assert sum(phases.values()) == pytest.approx(provenance["wall_s"], abs=0.05)
+        assert phases["measured_window"] == pytest.approx(
+            metrics["measured_seconds"], abs=0.01
+        )
 
 
 def test_every_run_can_be_traced_to_its_code_config_and_host(finished_study):

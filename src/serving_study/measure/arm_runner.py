@@ -38,6 +38,7 @@ from serving_study.measure.run_failure import (
 )
 from serving_study.measure.run_metrics import failed_run_metrics, summarize_run
 from serving_study.measure.run_outputs import RunPaths, now_iso, write_json
+from serving_study.measure.run_timeline import RunTimeline
 from serving_study.measure.run_window import measure
 from serving_study.measure.server_checks import server_identity, validity_checks
 from serving_study.measure.server_queries import read_server_info
@@ -92,6 +93,8 @@ def run_arm(
     )
     # The run's time starts once it has the host (the wait is in host_lock).
     started_at, started = now_iso(), time.monotonic()
+    timeline = RunTimeline()
+    timeline.note("lock_taken")
     provenance = {
         "experiment": experiment,
         "arm": recorded_arm.as_config(),
@@ -110,7 +113,14 @@ def run_arm(
         )
         provenance["leftovers_reaped"] = reap_leftovers(container_runtimes).to_dict()
         server, base_url = start_healthy_server(
-            server_settings, variant, arm, group_name, paths, client, workload_manifest
+            server_settings,
+            variant,
+            arm,
+            group_name,
+            paths,
+            client,
+            workload_manifest,
+            timeline,
         )
         provenance["start_to_healthy_s"] = round(time.monotonic() - started, 3)
         server_info = read_server_info(base_url)
@@ -170,6 +180,7 @@ def run_arm(
             server_info.get("inline_fallbacks", 0)
         )
         provenance["client"] = load_summary
+        timeline.add_client(load_summary)
         write_json(paths.monitors, window)
         metrics = summarize_run(
             paths.requests, paths.monitors, recorded_arm, checks, run=run
@@ -195,7 +206,9 @@ def run_arm(
     finally:
         try:
             if server is not None:
+                timeline.note("stop_started")
                 server.stop()
+                timeline.note("stopped")
                 provenance["leaked_segments_removed"] = server.leaked_segments
         finally:
             if not held_by_caller:
@@ -217,8 +230,12 @@ def run_arm(
         metrics["outside_the_arm"] = False
         earlier = metrics.get("invalid_reasons") or []
         metrics["invalid_reasons"] = [*earlier, *late_reasons]
+    timeline.note("written")
     provenance.update(
-        finished_at=now_iso(), wall_s=round(time.monotonic() - started, 3)
+        finished_at=now_iso(),
+        wall_s=round(time.monotonic() - started, 3),
+        # Where the run's time went: the server's own start apart from the harness's.
+        phases_s=timeline.phases(),
     )
     write_json(paths.provenance, provenance)
     write_json(paths.metrics, metrics)

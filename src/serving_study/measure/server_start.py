@@ -20,6 +20,7 @@ from serving_study.measure.arm_server import (
 )
 from serving_study.measure.run_failure import ArmFailed, FailedOutsideTheArm
 from serving_study.measure.run_outputs import RunPaths
+from serving_study.measure.run_timeline import RunTimeline
 from serving_study.measure.server_queries import ServerNeverHealthy, wait_until_healthy
 from serving_study.servers.container_commands import (
     container_options,
@@ -103,8 +104,11 @@ def start_healthy_server(
     paths: RunPaths,
     client: ClientSettings,
     workload_manifest: Path | None = None,
+    timeline: RunTimeline | None = None,
 ) -> tuple[LocalServer | ContainerServer, str]:
-    """Start the server on a free port and wait for /health; retry a lost port race."""
+    """Start the server on a free port and wait for /health; retry a lost port race.
+    ``timeline`` gets the moments the server was launched and answered healthy."""
+    timeline = timeline or RunTimeline()
     for attempt in range(1, PORT_ATTEMPTS + 1):
         port = free_port()
         server = new_server(
@@ -119,10 +123,12 @@ def start_healthy_server(
         )
         base_url = f"http://127.0.0.1:{port}"
         try:
+            timeline.note("launched")
             server.start()
             wait_until_healthy(
                 base_url, client.health_timeout_s, process=server.process
             )
+            timeline.note("healthy")
             server.settle_after_start()
             if not client.quota_during_startup:
                 server.apply_quota()
