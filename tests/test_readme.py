@@ -831,3 +831,32 @@ def test_the_harness_page_quotes_the_published_harness_figures():
     ]
     missing = [figure for figure in quoted if figure not in text]
     assert missing == []
+
+
+def test_the_real_server_arms_phases_are_its_published_runs():
+    run = DOCS / "results/harness/real-server-arm/provenance.json"
+    provenance = json.loads(run.read_text())
+    phases = provenance["phases_s"]
+    text = flat(section(DOCS / "real-server-on-cpu.md", "## Where an arm's time goes"))
+    rows = [f"| {phases[name]} |" for name in phases]
+    ours = sum(
+        phases[name]
+        for name in ("before_launch", "after_healthy", "after_window", "writing")
+    )
+    quoted = [
+        *rows,
+        f"Of the {provenance['wall_s']} s,",
+        f"start and stop are {phases['server_start'] + phases['server_stop']:.1f} s",
+        f"take {ours:.2f} s",
+    ]
+    assert [figure for figure in quoted if figure not in text] == []
+    assert list(phases) == [
+        "before_launch",
+        "server_start",
+        "after_healthy",
+        "client_warmup",
+        "measured_window",
+        "after_window",
+        "server_stop",
+        "writing",
+    ]

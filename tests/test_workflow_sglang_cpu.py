@@ -150,3 +150,14 @@ def test_the_report_names_the_real_server(finished_study):
     assert "sglang" in report
     arms = (results / "tables" / "arms.csv").read_text()
     assert "patched-main" in arms
+
+
+def test_a_runs_time_shows_sglangs_own_start_apart_from_the_harness(finished_study):
+    for arm in ARMS:
+        provenance = run_files(finished_study, arm)["provenance"]
+        phases = provenance["phases_s"]
+        assert sum(phases.values()) == pytest.approx(provenance["wall_s"], abs=0.05)
+        # SGLang's import, model load and warm-up, against what the harness adds
+        # around them (leftovers, argv, then the server's facts and its quota).
+        around_the_start = phases["before_launch"] + phases["after_healthy"]
+        assert phases["server_start"] > around_the_start
