@@ -46,12 +46,20 @@ class RunTimeline:
                 self.moments[moment] = start + offset
 
     def phases(self) -> dict[str, float | None]:
-        """Seconds in each phase; None where the run never reached its end."""
-        return {
-            name: (
-                round(self.moments[end] - self.moments[start], 3)
-                if start in self.moments and end in self.moments
-                else None
-            )
-            for name, (start, end) in PHASES.items()
-        }
+        """Seconds in each of PHASES; None where the run never reached its end."""
+        return phases_between(self.moments, PHASES)
+
+
+def phases_between(
+    moments: dict[str, float | None], phases: dict[str, tuple[str, str]]
+) -> dict[str, float | None]:
+    """Seconds in each phase (name: its first and last moment), to the millisecond;
+    None where either moment is missing."""
+    return {
+        name: (
+            round(moments[end] - moments[start], 3)
+            if moments.get(start) is not None and moments.get(end) is not None
+            else None
+        )
+        for name, (start, end) in phases.items()
+    }

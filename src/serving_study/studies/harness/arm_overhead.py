@@ -22,6 +22,7 @@ from serving_study.config.records import (
 )
 from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.run_outputs import RunPaths
+from serving_study.measure.run_timeline import phases_between
 from serving_study.studies.harness.benchmark_host import host_load_between, read_cpu
 
 SERVER_LOG_LINE = re.compile(
@@ -79,14 +80,7 @@ def arm_phases(
         "teardown": ("client_ended", "runner_returned"),
         "server_shutdown": ("stop_requested", "engine_stopped"),
     }
-    return {
-        name: (
-            round(moments[end] - moments[start], 3)
-            if moments.get(start) is not None and moments.get(end) is not None
-            else None
-        )
-        for name, (start, end) in phases.items()
-    }
+    return phases_between(moments, phases)
 
 
 def overhead_split(overhead: float | None, phases: dict | None) -> dict | None:
