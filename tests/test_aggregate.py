@@ -21,9 +21,10 @@ from serving_study.analysis.aggregate import (
 )
 from serving_study.config.records import Arm
 from serving_study.measure.run_attempts import RunAttempts
-from serving_study.measure.run_metrics import METRICS, failed_run_metrics, summarize_run
+from serving_study.measure.run_metrics import failed_run_metrics, summarize_run
 from serving_study.measure.run_node import describe_node, node_record
 from serving_study.measure.run_outputs import RunPaths
+from serving_study.metric_catalogue import METRICS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "report"
 

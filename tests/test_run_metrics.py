@@ -11,11 +11,11 @@ import yaml
 from serving_study.config.records import Arm
 from serving_study.measure.request_log import read_request_log
 from serving_study.measure.run_metrics import (
-    METRICS,
     failed_run_metrics,
     run_number_from_directory,
     summarize_run,
 )
+from serving_study.metric_catalogue import METRICS
 
 FIXTURE = Path(__file__).parent / "fixtures" / "report"
 

@@ -16,7 +16,7 @@ import pandas as pd
 from serving_study.analysis.numbers import format_number, is_number
 from serving_study.analysis.summaries import arm_median, reference_values
 from serving_study.config.schema import property_schema
-from serving_study.measure.run_metrics import METRICS
+from serving_study.metric_catalogue import METRICS
 
 HOLDS = "holds"
 DOES_NOT_HOLD = "does not hold"

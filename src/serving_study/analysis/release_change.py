@@ -46,7 +46,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from serving_study.config.schema import property_schema
-from serving_study.measure.run_metrics import METRICS
+from serving_study.metric_catalogue import METRICS
 
 CHANGED = "changed"
 NO_CHANGE = "no change"

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 
-from serving_study.measure.run_metrics import METRICS, RUN_COUNTS
+from serving_study.metric_catalogue import METRICS, RUN_COUNTS
 
 MIN_RUNS_FOR_INTERVAL = 5
 BOOTSTRAP_RESAMPLES = 10_000

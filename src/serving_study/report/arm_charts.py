@@ -17,9 +17,10 @@ import pandas as pd
 
 from serving_study.analysis.summaries import describe_environment
 from serving_study.config.records import Arm, quota_value
-from serving_study.measure.run_metrics import METRICS
+from serving_study.metric_catalogue import METRICS
 from serving_study.report.figures import FIGURE_TITLES
 from serving_study.report.formatting import metric_heading
+from serving_study.report.tables import metrics_with_numbers
 
 REPRODUCTION = "reproduction"
 STUDY = "study"
@@ -59,6 +60,16 @@ def series_labels(arms: Sequence[Arm]) -> dict[str, str]:
     }
 
 
+def beside_the_study(summary: pd.DataFrame) -> pd.DataFrame:
+    """Each arm's median (source: reproduction) and the study's number for it
+    (source: study), as one value column; without the values neither has."""
+    reproduction = summary.assign(source=REPRODUCTION, value=summary["median"])
+    study = summary.assign(
+        source=STUDY, value=summary["reference"], min=math.nan, max=math.nan
+    )
+    return pd.concat([reproduction, study]).dropna(subset=["value"])
+
+
 def throughput_vs_concurrency(
     tables: dict[str, pd.DataFrame], arms: Sequence[Arm]
 ) -> dict:
@@ -69,15 +80,7 @@ def throughput_vs_concurrency(
     arm_table = tables["arms"]
     summary = arm_table[arm_table["metric"] == metric].copy()
     summary["series"] = summary["arm"].map(labels)
-    lines = pd.concat(
-        [
-            summary.assign(source=REPRODUCTION, value=summary["median"]),
-            summary.assign(
-                source=STUDY, value=summary["reference"], min=math.nan, max=math.nan
-            ),
-        ]
-    )
-    lines = lines.dropna(subset=["value"])
+    lines = beside_the_study(summary)
     lines = lines[["arm", "series", "concurrency", "source", "value", "min", "max"]]
 
     runs = tables["runs"]
@@ -158,15 +161,7 @@ def throughput_vs_concurrency(
 
 
 def arm_comparison(tables: dict[str, pd.DataFrame], arm_order: list[str]) -> dict:
-    arms = tables["arms"]
-    metrics = [
-        metric
-        for metric in COMPARISON_METRICS
-        if arms.loc[arms["metric"] == metric, ["median", "reference"]]
-        .notna()
-        .any()
-        .any()
-    ]
+    metrics = metrics_with_numbers(tables["arms"], COMPARISON_METRICS)
     if not metrics:
         metrics = ["throughput_rps"]
     panels = [comparison_panel(tables, metric, arm_order) for metric in metrics]
@@ -182,14 +177,7 @@ def comparison_panel(
 ) -> alt.LayerChart:
     arms = tables["arms"]
     summary = arms[arms["metric"] == metric]
-    bars = pd.concat(
-        [
-            summary.assign(source=REPRODUCTION, value=summary["median"]),
-            summary.assign(
-                source=STUDY, value=summary["reference"], min=math.nan, max=math.nan
-            ),
-        ]
-    ).dropna(subset=["value"])
+    bars = beside_the_study(summary)
     bars = bars[["arm", "environment", "variant", "source", "value", "min", "max"]]
 
     runs = tables["runs"]

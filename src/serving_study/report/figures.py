@@ -1,11 +1,9 @@
-"""What each figure is called and what its caption says, which figures the page
-shows, and a figure as HTML: its spec travels as a JSON script block that the
-page's embedder draws."""
+"""What each figure is called and what its caption says, and which figures the
+page shows (templates/figure.html.j2 draws one)."""
 
 from collections.abc import Sequence
 
 from serving_study.config.records import Arm
-from serving_study.report.markup import escape, script_json
 
 FIGURE_TITLES = {
     "throughput_vs_concurrency": "Figure 1: throughput against concurrency",
@@ -55,7 +53,7 @@ def shown_figures(specs: dict[str, dict], arms: Sequence[Arm]) -> dict[str, dict
     """The figures the page shows, in its order: Figure 1 only where the arms
     span several concurrencies; every figure stays a page of its own anyway."""
     shown = ["arm_comparison"]
-    if has_several_concurrencies(arms):
+    if len({arm.concurrency for arm in arms}) > 1:
         shown.insert(0, "throughput_vs_concurrency")
     if "release_series" in specs:
         shown.insert(0, "release_series")
@@ -64,18 +62,3 @@ def shown_figures(specs: dict[str, dict], arms: Sequence[Arm]) -> dict[str, dict
     if "which_fix" in specs:
         shown.append("which_fix")
     return {name: specs[name] for name in shown}
-
-
-def figure_html(name: str, spec: dict) -> str:
-    return (
-        f'<figure id="figure-{name}">\n'
-        f'<div id="chart-{name}"></div>\n'
-        f'<script type="application/json" data-chart="chart-{name}">'
-        f"{script_json(spec)}</script>\n"
-        f"<figcaption><strong>{escape(FIGURE_TITLES[name])}.</strong> "
-        f"{escape(FIGURE_CAPTIONS[name])}</figcaption>\n</figure>"
-    )
-
-
-def has_several_concurrencies(arms: Sequence[Arm]) -> bool:
-    return len({arm.concurrency for arm in arms}) > 1

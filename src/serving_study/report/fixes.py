@@ -5,43 +5,35 @@ import pandas as pd
 
 from serving_study.analysis.numbers import format_number, is_number
 from serving_study.report.formatting import ratio_text
-from serving_study.report.markup import html_table
+from serving_study.report.markup import Table
 
 
-def fixes_html(fixes: pd.DataFrame) -> str:
-    """The "which fix" table: each fix under the quota, and its CPU cost where
-    nothing throttles (fix_comparison.py)."""
-    header = [
-        "fix",
-        "arm",
-        "req/s under quota",
-        "vs trap",
-        "TTFT p50 (ms)",
-        "main CPU/request under quota (ms)",
-        "event-loop thread CPU (%)",
-        "other threads' CPU (%)",
-        "arm without quota",
-        "main CPU/request without quota (ms)",
-        "verdicts",
+def fixes_table(fixes: pd.DataFrame) -> Table:
+    columns = {
+        "fix": "fix",
+        "arm": "arm",
+        "req/s under quota": "throughput_rps",
+        "vs trap": "vs_trap",
+        "TTFT p50 (ms)": "ttft_p50_ms",
+        "main CPU/request under quota (ms)": "main_cpu_ms_per_request",
+        "event-loop thread CPU (%)": "main_thread_cpu_percent",
+        "other threads' CPU (%)": "other_threads_cpu_percent",
+        "arm without quota": "without_quota_arm",
+        "main CPU/request without quota (ms)": "without_quota",
+        "verdicts": "verdicts",
+    }
+    without_quota = [
+        format_number(value) if is_number(value) else "not measured"
+        for value in fixes["main_cpu_ms_per_request_without_quota"]
     ]
-    rows = [
-        [
-            row.fix,
-            row.arm,
-            format_number(row.throughput_rps),
-            ratio_text(row.throughput_vs_trap),
-            format_number(row.ttft_p50_ms),
-            format_number(row.main_cpu_ms_per_request),
-            format_number(row.main_thread_cpu_percent),
-            format_number(row.other_threads_cpu_percent),
-            row.without_quota_arm if isinstance(row.without_quota_arm, str) else "",
-            (
-                format_number(row.main_cpu_ms_per_request_without_quota)
-                if is_number(row.main_cpu_ms_per_request_without_quota)
-                else "not measured"
-            ),
-            row.verdicts if isinstance(row.verdicts, str) else "",
-        ]
-        for row in fixes.itertuples()
-    ]
-    return html_table(header, rows, numeric_from=2)
+    figures = ["throughput_rps", "ttft_p50_ms", "main_cpu_ms_per_request"]
+    figures += ["main_thread_cpu_percent", "other_threads_cpu_percent"]
+    return Table.of_frame(
+        fixes.assign(
+            vs_trap=[ratio_text(ratio) for ratio in fixes["throughput_vs_trap"]],
+            without_quota=without_quota,
+        ),
+        columns,
+        figures=figures,
+        numeric_from=2,
+    )

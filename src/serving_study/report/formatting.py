@@ -5,7 +5,7 @@ import json
 import math
 
 from serving_study.analysis.numbers import format_number, is_number
-from serving_study.measure.run_metrics import METRICS
+from serving_study.metric_catalogue import METRICS
 
 
 def text(value) -> str:

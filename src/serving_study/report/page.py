@@ -6,9 +6,9 @@ setup (host, quota, threads, GPU, engine, variants, run dates), the figures,
 and the tables: arms beside the study's numbers, ratios, claim verdicts,
 invalid runs, earlier attempts (only when a run has any) and every run (and
 each release against the one before it).
-Every string that comes from a config, a host description or a log is
-HTML-escaped (markup.py); the page loads nothing from the network
-(document.py).
+The page is written by templates/report.html.j2, which escapes every string
+that comes from a config, a host description or a log (markup.py); it loads
+nothing from the network (document.py).
 
 With a figures directory, each figure is also written as its own page and as
 its Vega-Lite spec (`<name>.html`, `<name>.vl.json`), and each table as its
@@ -27,29 +27,29 @@ from serving_study.analysis.aggregate import (
 )
 from serving_study.analysis.attempts import ATTEMPTS_TABLE
 from serving_study.analysis.fix_comparison import FIXES_TABLE
+from serving_study.analysis.summaries import BOOTSTRAP_RESAMPLES, MIN_RUNS_FOR_INTERVAL
 from serving_study.report.charts import chart_specs
-from serving_study.report.document import html_document
-from serving_study.report.figures import FIGURE_TITLES, figure_html, shown_figures
-from serving_study.report.fixes import fixes_html
-from serving_study.report.markup import escape
-from serving_study.report.method import method_html
+from serving_study.report.document import render_page
+from serving_study.report.figures import FIGURE_CAPTIONS, FIGURE_TITLES, shown_figures
+from serving_study.report.fixes import fixes_table
+from serving_study.report.markup import Table
 from serving_study.report.releases import (
+    first_changes,
     is_release_series,
-    release_change_html,
-    releases_html,
+    releases_table,
 )
 from serving_study.report.settings import ReportSettings
-from serving_study.report.study_setup import platform_html, setup_html, variants_html
+from serving_study.report.study_setup import platform_html, setup_tables, variants_table
 from serving_study.report.tables import (
-    arms_html,
-    attempts_html,
-    invalid_runs_html,
-    map_by_quota_html,
-    map_cells_html,
-    map_contrast_html,
-    runs_html,
+    arms_tables,
+    attempts_table,
+    invalid_runs_table,
+    map_by_quota_table,
+    map_cells_table,
+    map_contrast_table,
+    runs_table,
 )
-from serving_study.report.verdicts import claims_html, ratios_html, verdicts_html
+from serving_study.report.verdicts import claims_table, ratios_table, verdict_sentences
 
 TABLE_TITLES = {
     "arms": "Arms: medians over valid runs, with the study's numbers",
@@ -108,15 +108,22 @@ def write_report_items(
             json.dumps(spec, indent=1, allow_nan=False), encoding="utf-8"
         )
         page_path = figures_dir / f"{name}.html"
-        body = figure_html(name, spec)
-        page_path.write_text(
-            html_document(FIGURE_TITLES[name], body, with_charts=True),
-            encoding="utf-8",
+        page = render_page(
+            "figure_page.html.j2",
+            FIGURE_TITLES[name],
+            with_charts=True,
+            name=name,
+            spec=spec,
+            caption=FIGURE_CAPTIONS[name],
         )
+        page_path.write_text(page, encoding="utf-8")
         written += [spec_path, page_path]
-    for name, body in table_sections(tables, settings).items():
+    for name, section in table_sections(tables, settings).items():
         path = figures_dir / f"table_{name}.html"
-        path.write_text(html_document(TABLE_TITLES[name], body), encoding="utf-8")
+        page = render_page(
+            "table_page.html.j2", TABLE_TITLES[name], with_charts=False, section=section
+        )
+        path.write_text(page, encoding="utf-8")
         written.append(path)
     return written
 
@@ -129,55 +136,57 @@ def render_report(
     specs: dict[str, dict],
 ) -> str:
     """The whole report page as a string."""
-    experiment = settings.experiment
-    parts = [
-        f"<h1>{escape(experiment)}</h1>",
-        f"<p>{escape(settings.description)}</p>",
-        "<h2>Verdicts</h2>",
-        verdicts_html(tables),
-        release_change_html(tables, settings),
-        "<h2>Setup</h2>",
-        setup_html(tables, settings, host),
-        platform_html(settings),
-        "<h3>Variants</h3>",
-        variants_html(variants),
-        "<h2>Figures</h2>",
-        *(figure_html(name, spec) for name, spec in specs.items()),
-    ]
-    for name, section in page_sections(tables, settings).items():
-        parts += [f"<h2>{escape(TABLE_TITLES[name])}</h2>", section]
-    parts += ["<h2>How the numbers were made</h2>", method_html()]
-    return html_document(
-        f"{experiment}: serving study report", "\n".join(parts), with_charts=bool(specs)
+    runs = tables["runs"]
+    return render_page(
+        "report.html.j2",
+        f"{settings.experiment}: serving study report",
+        with_charts=bool(specs),
+        experiment=settings.experiment,
+        description=settings.description,
+        verdicts=verdict_sentences(tables),
+        runs=len(runs),
+        invalid_runs=int((~runs["valid"].astype(bool)).sum()),
+        first_changes=first_changes(tables, settings),
+        setup=setup_tables(tables, settings, host),
+        platform=platform_html(settings),
+        variants=variants_table(variants),
+        figures=specs,
+        figure_titles=FIGURE_TITLES,
+        figure_captions=FIGURE_CAPTIONS,
+        sections=page_sections(tables, settings),
+        table_titles=TABLE_TITLES,
+        bootstrap_resamples=BOOTSTRAP_RESAMPLES,
+        min_runs_for_interval=MIN_RUNS_FOR_INTERVAL,
     )
 
 
 def table_sections(
     tables: dict[str, pd.DataFrame], settings: ReportSettings
-) -> dict[str, str]:
-    """Each table as HTML, keyed by table name, in the page's order."""
+) -> dict[str, list[Table]]:
+    """Each table section as the tables it shows, keyed by table name, in the
+    page's order."""
     sections = {
-        "arms": arms_html(tables),
-        "ratios": ratios_html(tables),
-        "claims": claims_html(tables),
-        "invalid_runs": invalid_runs_html(tables),
-        ATTEMPTS_TABLE: attempts_html(tables),
-        "runs": runs_html(tables),
+        "arms": arms_tables(tables),
+        "ratios": [ratios_table(tables)],
+        "claims": [claims_table(tables)],
+        "invalid_runs": [invalid_runs_table(tables)],
+        ATTEMPTS_TABLE: [attempts_table(tables)],
+        "runs": [runs_table(tables)],
     }
     if is_release_series(settings, tables):
-        sections = {"releases": releases_html(tables, settings), **sections}
+        sections = {"releases": [releases_table(tables, settings)], **sections}
     if MAP_TABLE in tables:
-        sections[MAP_BY_QUOTA_TABLE] = map_by_quota_html(tables[MAP_BY_QUOTA_TABLE])
-        sections[MAP_CONTRAST_TABLE] = map_contrast_html(tables[MAP_CONTRAST_TABLE])
-        sections[MAP_TABLE] = map_cells_html(tables[MAP_TABLE])
+        sections[MAP_BY_QUOTA_TABLE] = [map_by_quota_table(tables[MAP_BY_QUOTA_TABLE])]
+        sections[MAP_CONTRAST_TABLE] = [map_contrast_table(tables[MAP_CONTRAST_TABLE])]
+        sections[MAP_TABLE] = [map_cells_table(tables[MAP_TABLE])]
     if FIXES_TABLE in tables:
-        sections = {FIXES_TABLE: fixes_html(tables[FIXES_TABLE]), **sections}
+        sections = {FIXES_TABLE: [fixes_table(tables[FIXES_TABLE])], **sections}
     return sections
 
 
 def page_sections(
     tables: dict[str, pd.DataFrame], settings: ReportSettings
-) -> dict[str, str]:
+) -> dict[str, list[Table]]:
     """The tables the report page shows: each of table_sections, but the earlier
     attempts only when a run has any (their own page is always written)."""
     sections = table_sections(tables, settings)

@@ -7,7 +7,7 @@ import pandas as pd
 
 from serving_study.analysis.aggregate import RELEASE_TABLE
 from serving_study.analysis.release_change import CANNOT_TELL, CHANGED, NO_CHANGE
-from serving_study.measure.run_metrics import METRICS
+from serving_study.metric_catalogue import METRICS
 from serving_study.report.figures import FIGURE_TITLES
 from serving_study.report.formatting import metric_heading
 

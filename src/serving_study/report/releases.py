@@ -11,7 +11,7 @@ from serving_study.analysis.release_change import (
     false_alarm_chance,
 )
 from serving_study.report.formatting import ratio_text, summary_text, text
-from serving_study.report.markup import escape, html_table
+from serving_study.report.markup import Table
 from serving_study.report.settings import ReportSettings
 
 
@@ -21,22 +21,21 @@ def is_release_series(
     return settings.release_series and RELEASE_TABLE in tables
 
 
-def release_change_html(
+def first_changes(
     tables: dict[str, pd.DataFrame], settings: ReportSettings
-) -> str:
-    """Where each figure of a release series first changed, or nothing."""
+) -> list[str]:
+    """Where each figure of a release series first changed; none for no series."""
     if not is_release_series(settings, tables):
-        return ""
-    releases = tables["releases"]
-    items = "".join(
-        f"<li>{escape(describe_first_change(releases, metric))}</li>"
+        return []
+    releases = tables[RELEASE_TABLE]
+    return [
+        describe_first_change(releases, metric)
         for metric in dict.fromkeys(releases["metric"])
-    )
-    return f'<h3>Release series</h3><ul class="verdicts">{items}</ul>'
+    ]
 
 
-def releases_html(tables: dict[str, pd.DataFrame], settings: ReportSettings) -> str:
-    releases = tables["releases"]
+def releases_table(tables: dict[str, pd.DataFrame], settings: ReportSettings) -> Table:
+    releases = tables[RELEASE_TABLE]
     criterion = settings.change_criterion
     runs = criterion.min_valid_runs
     note = (
@@ -48,29 +47,19 @@ def releases_html(tables: dict[str, pd.DataFrame], settings: ReportSettings) -> 
         "The ratios within each repetition block are shown for reading: drift of "
         "the host between blocks cancels in them, but they do not enter the verdict."
     )
-    header = [
-        "release",
-        "figure",
-        "valid runs",
-        "median [min–max]",
-        "against",
-        "ratio",
-        "verdict",
-        "why",
-        "within each block",
-    ]
     rows = [
-        [
-            row["release"],
-            f"{row['label']} ({row['unit']})",
-            text(row["runs"]),
-            summary_text({**row, "ci_low": math.nan}),
-            text(row["compared_with"]),
-            ratio_text(row["ratio"]),
-            ("first change: " if row["first_change"] else "") + text(row["verdict"]),
-            text(row["detail"]),
-            text(row["block_ratios"]),
-        ]
+        {
+            "release": row["release"],
+            "figure": f"{row['label']} ({row['unit']})",
+            "valid runs": row["runs"],
+            "median [min–max]": summary_text({**row, "ci_low": math.nan}),
+            "against": row["compared_with"],
+            "ratio": ratio_text(row["ratio"]),
+            "verdict": ("first change: " if row["first_change"] else "")
+            + text(row["verdict"]),
+            "why": row["detail"],
+            "within each block": row["block_ratios"],
+        }
         for row in releases.to_dict("records")
     ]
-    return f'<p class="note">{escape(note)}</p>' + html_table(header, rows)
+    return Table.of_rows(rows, notes=[note])

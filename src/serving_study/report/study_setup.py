@@ -9,51 +9,40 @@ import pandas as pd
 from serving_study.analysis.summaries import describe_environment
 from serving_study.config.platform import CPU_HOST_DIFFERENCES
 from serving_study.report.formatting import describe
-from serving_study.report.markup import escape, html_table
+from serving_study.report.markup import Table, render
 from serving_study.report.settings import ReportSettings
 
 
-def setup_html(
+def setup_tables(
     tables: dict[str, pd.DataFrame], settings: ReportSettings, host: dict
-) -> str:
-    host_rows = host_summary_rows(host) + [["runs measured", run_dates(tables["runs"])]]
+) -> list[Table]:
+    """The host and when the runs were measured, then each arm's settings."""
+    runs = tables["runs"]
+    host_rows = host_summary_rows(host) + [["runs measured", run_dates(runs)]]
     if settings.reference_source:
         host_rows.append(["study numbers from", describe(settings.reference_source)])
     arm_rows = []
-    runs = tables["runs"]
     for arm in settings.arms:
         arm_runs = runs[runs["arm"] == arm.name]
         threads = sorted({int(t) for t in arm_runs["torch_threads"].dropna()})
+        valid = int(arm_runs["valid"].astype(bool).sum())
         arm_rows.append(
-            [
-                arm.name,
-                describe(arm.variant),
-                describe(arm.workload),
-                describe(arm.transport),
-                describe(arm.concurrency),
-                describe(arm.cpu_quota),
-                describe_environment(arm.environment),
-                ", ".join(str(t) for t in threads) or "not recorded",
-                f"{int(arm_runs['valid'].astype(bool).sum())} of {len(arm_runs)}",
-            ]
+            {
+                "arm": arm.name,
+                "variant": describe(arm.variant),
+                "workload": describe(arm.workload),
+                "transport": describe(arm.transport),
+                "concurrency": describe(arm.concurrency),
+                "CPU quota (cores)": describe(arm.cpu_quota),
+                "environment": describe_environment(arm.environment),
+                "intra-op threads seen": ", ".join(map(str, threads)) or "not recorded",
+                "valid runs": f"{valid} of {len(arm_runs)}",
+            }
         )
-    arm_header = [
-        "arm",
-        "variant",
-        "workload",
-        "transport",
-        "concurrency",
-        "CPU quota (cores)",
-        "environment",
-        "intra-op threads seen",
-        "valid runs",
-    ]
-    return html_table(["setting", "value"], host_rows) + html_table(
-        arm_header, arm_rows
-    )
+    return [Table(["setting", "value"], host_rows), Table.of_rows(arm_rows)]
 
 
-def variants_html(variants: list[dict]) -> str:
+def variants_table(variants: list[dict]) -> Table:
     rows = []
     for variant in variants:
         patch = variant.get("patch") or variant.get("pull_request") or {}
@@ -67,7 +56,7 @@ def variants_html(variants: list[dict]) -> str:
             ]
         )
     header = ["variant", "source", "patch", "patch sha256", "mm_utils.py sha256"]
-    return html_table(header, rows)
+    return Table(header, rows)
 
 
 def source_text(source: dict) -> str:
@@ -102,12 +91,8 @@ def host_summary_rows(host: dict) -> list[list[str]]:
         if not runtime.get("installed"):
             runtimes.append(f"{name}: not installed")
         else:
-            state = (
-                "engine running"
-                if runtime.get("engine_reachable")
-                else ("engine not running")
-            )
-            runtimes.append(f"{runtime.get('version')} ({state})")
+            state = "running" if runtime.get("engine_reachable") else "not running"
+            runtimes.append(f"{runtime.get('version')} (engine {state})")
     versions = host.get("versions") or {}
     return [
         ["host", describe(host.get("hostname"))],
@@ -150,19 +135,10 @@ def run_dates(runs: pd.DataFrame) -> str:
 
 def platform_html(settings: ReportSettings) -> str:
     """For real SGLang on a CPU host: what differs from a GPU host, and which arms
-    have the quota on the main process alone."""
+    have the quota on the main process alone; nothing elsewhere."""
     if not settings.sglang_on_cpu:
         return ""
-    items = "".join(f"<li>{escape(line)}</li>" for line in CPU_HOST_DIFFERENCES)
     main_only = [arm.name for arm in settings.arms if arm.quota_scope == "main_process"]
-    scope = (
-        "<p>The quota binds the main process alone (the scheduler and detokenizer "
-        f"in a cgroup of their own) in: {escape(', '.join(main_only))}; the whole "
-        "server elsewhere.</p>"
-        if main_only
-        else ""
-    )
-    return (
-        "<h3>SGLang's real server on CPU: what differs from a GPU host</h3>"
-        f"<ul>{items}</ul>{scope}"
+    return render(
+        "platform.html.j2", differences=CPU_HOST_DIFFERENCES, main_only=main_only
     )

@@ -7,14 +7,14 @@ import pandas as pd
 from serving_study.analysis.attempts import ATTEMPTS_TABLE
 from serving_study.analysis.numbers import format_number
 from serving_study.analysis.summaries import NODE_FLAG
-from serving_study.measure.run_metrics import METRICS
+from serving_study.metric_catalogue import METRICS
 from serving_study.report.formatting import (
     interval_text,
     metric_heading,
     summary_text,
     text,
 )
-from serving_study.report.markup import escape, html_table
+from serving_study.report.markup import Table
 
 # Arm-table columns, in order; the study's number follows each one it has.
 SUMMARY_METRICS = (
@@ -49,17 +49,18 @@ RUN_COLUMNS = (
     "error_count",
 )
 
+# The map's counts of paired blocks, as its tables head them.
+BLOCK_COUNTS = {
+    "paired blocks": "paired_blocks",
+    "blocks below 1": "blocks_below_1",
+    "blocks above 1": "blocks_above_1",
+}
 
-def arms_html(tables: dict[str, pd.DataFrame]) -> str:
+
+def arms_tables(tables: dict[str, pd.DataFrame]) -> list[Table]:
+    """The arms beside the study's numbers, and folded under it every figure."""
     arms = tables["arms"]
-    shown = [
-        metric
-        for metric in SUMMARY_METRICS
-        if arms.loc[arms["metric"] == metric, ["median", "reference"]]
-        .notna()
-        .any()
-        .any()
-    ]
+    shown = metrics_with_numbers(arms, SUMMARY_METRICS)
     with_reference = {
         metric
         for metric in shown
@@ -81,197 +82,148 @@ def arms_html(tables: dict[str, pd.DataFrame]) -> str:
             if metric in with_reference:
                 row.append(format_number(summary["reference"]))
         rows.append(row)
-    notes = sorted(
-        set(arms.loc[arms["metric"] == "throughput_rps", "ci_note"].dropna())
+    medians = Table(
+        header,
+        rows,
+        numeric_from=2,
+        notes=["Cells: median [min–max] over valid runs."],
     )
-    note_html = "".join(f'<p class="note">{escape(note)}</p>' for note in notes)
-    details = html_table(
-        [
-            "arm",
-            "figure",
-            "unit",
-            "runs with it",
-            "median",
-            "min",
-            "max",
-            "95% CI",
-            "study",
-        ],
-        [
-            [
-                row["arm"],
-                row["label"],
-                row["unit"],
-                text(row["n_values"]),
-                format_number(row["median"]),
-                format_number(row["min"]),
-                format_number(row["max"]),
-                interval_text(row),
-                format_number(row["reference"]),
-            ]
-            for row in arms.to_dict("records")
-        ],
+    intervals = [interval_text(row) for row in arms.to_dict("records")]
+    columns = {
+        "arm": "arm",
+        "figure": "label",
+        "unit": "unit",
+        "runs with it": "n_values",
+        "median": "median",
+        "min": "min",
+        "max": "max",
+        "95% CI": "interval",
+        "study": "reference",
+    }
+    ci_notes = arms.loc[arms["metric"] == "throughput_rps", "ci_note"].dropna()
+    folded = Table.of_frame(
+        arms.assign(interval=intervals),
+        columns,
+        figures=("median", "min", "max", "reference"),
         numeric_from=3,
+        notes=sorted(set(ci_notes)),
+        folded="Every figure of every arm",
     )
-    return (
-        '<p class="note">Cells: median [min–max] over valid runs.</p>'
-        + html_table(header, rows, numeric_from=2)
-        + note_html
-        + f"<details><summary>Every figure of every arm</summary>{details}</details>"
-    )
+    return [medians, folded]
 
 
-def invalid_runs_html(tables: dict[str, pd.DataFrame]) -> str:
-    invalid = tables["invalid_runs"]
-    if invalid.empty:
-        return "<p>None: every run counts.</p>"
-    rows = [
-        [row["arm"], text(row["run"]), text(row["reasons"])]
-        for row in invalid.to_dict("records")
-    ]
-    return html_table(["arm", "run", "reasons"], rows)
+def metrics_with_numbers(arms: pd.DataFrame, metrics) -> list[str]:
+    """Those of `metrics` that an arm measured or the study gives a number for."""
+    numbers = arms[["median", "reference"]].notna().any(axis=1)
+    return [metric for metric in metrics if numbers[arms["metric"] == metric].any()]
 
 
-def attempts_html(tables: dict[str, pd.DataFrame]) -> str:
+def yes_no(values) -> list[str]:
+    return ["yes" if value else "no" for value in values]
+
+
+def invalid_runs_table(tables: dict[str, pd.DataFrame]) -> Table:
+    columns = {"arm": "arm", "run": "run", "reasons": "reasons"}
+    when_empty = "None: every run counts."
+    return Table.of_frame(tables["invalid_runs"], columns, when_empty=when_empty)
+
+
+def attempts_table(tables: dict[str, pd.DataFrame]) -> Table:
     attempts = tables[ATTEMPTS_TABLE]
-    if attempts.empty:
-        return "<p>None: every run was measured once.</p>"
-    rows = [
-        [
-            row["arm"],
-            text(row["run"]),
-            text(row["attempt"]),
-            text(row["outcome"]),
-            "yes" if row["valid"] else "no",
-            format_number(row["throughput_rps"]),
-            text(row["reasons"]),
-        ]
-        for row in attempts.to_dict("records")
-    ]
-    header = ["arm", "run", "attempt", "outcome", "valid"]
-    header += [metric_heading("throughput_rps"), "reasons"]
+    columns = {
+        "arm": "arm",
+        "run": "run",
+        "attempt": "attempt",
+        "outcome": "outcome",
+        "valid": "valid",
+        metric_heading("throughput_rps"): "throughput_rps",
+        "reasons": "reasons",
+    }
     note = (
         "Kept on disk under results/<experiment>/attempts/; each run's current "
         "attempt is the one in the table of every run."
     )
-    return f'<p class="note">{escape(note)}</p>' + html_table(header, rows)
+    return Table.of_frame(
+        attempts.assign(valid=yes_no(attempts["valid"])),
+        columns,
+        figures=("throughput_rps",),
+        notes=[note],
+        when_empty="None: every run was measured once.",
+    )
 
 
-def runs_html(tables: dict[str, pd.DataFrame]) -> str:
+def runs_table(tables: dict[str, pd.DataFrame]) -> Table:
     runs = tables["runs"]
+    runs = runs.assign(valid=yes_no(runs["valid"]))
     flags = [text(flag) for flag in runs.get(NODE_FLAG, pd.Series(dtype=str))]
-    flagged = any(flags)
-    header = ["arm", "run", "valid"] + [
-        metric_heading(c) if c in METRICS else c.replace("_", " ") for c in RUN_COLUMNS
-    ]
-    rows = [
-        [row["arm"], text(row["run"]), "yes" if row["valid"] else "no"]
-        + [format_number(row[column]) for column in RUN_COLUMNS]
-        for row in runs.to_dict("records")
-    ]
-    if not flagged:
-        return html_table(header, rows, numeric_from=3)
+    columns = {"arm": "arm", "run": "run", "valid": "valid"}
+    notes = []
     # Where a run's node differs from host.json: a flag, not a reason to drop it.
-    header.insert(3, "node differs from host.json in")
-    for row, flag in zip(rows, flags, strict=True):
-        row.insert(3, flag.replace(",", ", "))
-    note = (
-        'A run flagged in "node differs from host.json in" ran on another node '
-        "than the one host.json describes (SLURM may place each run on its own "
-        "node); it still counts."
-    )
-    return f'<p class="note">{escape(note)}</p>' + html_table(
-        header, rows, numeric_from=4
+    if any(flags):
+        columns["node differs from host.json in"] = NODE_FLAG
+        runs = runs.assign(**{NODE_FLAG: [flag.replace(",", ", ") for flag in flags]})
+        notes.append(
+            'A run flagged in "node differs from host.json in" ran on another node '
+            "than the one host.json describes (SLURM may place each run on its own "
+            "node); it still counts."
+        )
+    numeric_from = len(columns)
+    for column in RUN_COLUMNS:
+        heading = column.replace("_", " ")
+        columns[metric_heading(column) if column in METRICS else heading] = column
+    return Table.of_frame(
+        runs, columns, figures=RUN_COLUMNS, numeric_from=numeric_from, notes=notes
     )
 
 
-def map_cells_html(cells: pd.DataFrame) -> str:
+def map_cells_table(cells: pd.DataFrame) -> Table:
     # The cell figures the table holds, without those no cell measured (GPU).
-    columns = [c for c in cells.columns if c in METRICS and cells[c].notna().any()]
-    header = [
-        "block",
-        "order",
-        "variant",
-        "intra-op threads",
-        "quota (cores)",
-        "valid",
-    ] + [metric_heading(column) for column in columns]
-    header.append("why invalid")
-    rows = [
-        [
-            text(row["block"]),
-            text(row["position"]),
-            row["variant"],
-            text(row["intra_op_threads"]),
-            text(row["cpu_quota"]),
-            "yes" if row["valid"] else "no",
-            *(format_number(row[column]) for column in columns),
-            text(row["invalid_reason"]),
-        ]
-        for row in cells.to_dict("records")
-    ]
-    return html_table(header, rows, numeric_from=6)
+    figures = [c for c in cells.columns if c in METRICS and cells[c].notna().any()]
+    columns = {
+        "block": "block",
+        "order": "position",
+        "variant": "variant",
+        "intra-op threads": "intra_op_threads",
+        "quota (cores)": "cpu_quota",
+        "valid": "valid",
+        **{metric_heading(figure): figure for figure in figures},
+        "why invalid": "invalid_reason",
+    }
+    cells = cells.assign(valid=yes_no(cells["valid"]))
+    return Table.of_frame(cells, columns, figures=figures, numeric_from=6)
 
 
-def map_by_quota_html(by_quota: pd.DataFrame) -> str:
-    header = [
-        "quota (cores)",
-        "baseline",
-        "compared",
-        "thread counts",
-        "smallest ratio",
-        "largest ratio",
-        "threads at the largest",
-        "paired blocks",
-        "blocks below 1",
-        "blocks above 1",
-    ]
-    rows = [
-        [
-            text(row["cpu_quota"]),
-            row["baseline"],
-            row["compared"],
-            text(row["thread_counts"]),
-            format_number(row["ratio_min"]),
-            format_number(row["ratio_max"]),
-            text(row["threads_at_max"]),
-            text(row["paired_blocks"]),
-            text(row["blocks_below_1"]),
-            text(row["blocks_above_1"]),
-        ]
-        for row in by_quota.to_dict("records")
-    ]
-    return html_table(header, rows, numeric_from=3)
+def map_by_quota_table(by_quota: pd.DataFrame) -> Table:
+    columns = {
+        "quota (cores)": "cpu_quota",
+        "baseline": "baseline",
+        "compared": "compared",
+        "thread counts": "thread_counts",
+        "smallest ratio": "ratio_min",
+        "largest ratio": "ratio_max",
+        "threads at the largest": "threads_at_max",
+        **BLOCK_COUNTS,
+    }
+    figures = ("ratio_min", "ratio_max")
+    return Table.of_frame(by_quota, columns, figures=figures, numeric_from=3)
 
 
-def map_contrast_html(contrast: pd.DataFrame) -> str:
-    header = [
-        "intra-op threads",
-        "quota (cores)",
-        "baseline",
-        "compared",
-        "baseline req/s",
-        "compared req/s",
-        "ratio (median of blocks)",
-        "paired blocks",
-        "blocks below 1",
-        "blocks above 1",
-        "each block's ratio",
-    ]
-    rows = [
-        [
-            text(row["intra_op_threads"]),
-            text(row["cpu_quota"]),
-            row["baseline"],
-            row["compared"],
-            format_number(row["baseline_rps"]),
-            format_number(row["compared_rps"]),
-            format_number(row["ratio"]),
-            text(row["paired_blocks"]),
-            text(row["blocks_below_1"]),
-            text(row["blocks_above_1"]),
-            text(row["block_ratios"]).replace(";", ", "),
-        ]
-        for row in contrast.to_dict("records")
-    ]
-    return html_table(header, rows, numeric_from=4)
+def map_contrast_table(contrast: pd.DataFrame) -> Table:
+    columns = {
+        "intra-op threads": "intra_op_threads",
+        "quota (cores)": "cpu_quota",
+        "baseline": "baseline",
+        "compared": "compared",
+        "baseline req/s": "baseline_rps",
+        "compared req/s": "compared_rps",
+        "ratio (median of blocks)": "ratio",
+        **BLOCK_COUNTS,
+        "each block's ratio": "block_ratios",
+    }
+    ratios = [text(ratios).replace(";", ", ") for ratios in contrast["block_ratios"]]
+    return Table.of_frame(
+        contrast.assign(block_ratios=ratios),
+        columns,
+        figures=("baseline_rps", "compared_rps", "ratio"),
+        numeric_from=4,
+    )

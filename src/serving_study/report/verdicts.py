@@ -5,29 +5,17 @@ import pandas as pd
 
 from serving_study.analysis.claims import CANNOT_TELL, DOES_NOT_HOLD, HOLDS
 from serving_study.analysis.numbers import format_number
-from serving_study.measure.run_metrics import METRICS
+from serving_study.metric_catalogue import METRICS
 from serving_study.report.formatting import ratio_text, text
-from serving_study.report.markup import escape, html_table
+from serving_study.report.markup import Table
 
 
-def verdicts_html(tables: dict[str, pd.DataFrame]) -> str:
-    items = []
-    for claim in tables["claims"].to_dict("records"):
-        css = verdict_class(claim["verdict"])
-        items.append(f'<li class="{css}">{escape(claim["sentence"])}.</li>')
-    if not items:
-        items.append("<li>The config states no claims.</li>")
-    runs = tables["runs"]
-    invalid = int((~runs["valid"].astype(bool)).sum())
-    if invalid:
-        were = "was" if invalid == 1 else "were"
-        note = (
-            f"{invalid} of {len(runs)} runs {were} invalid and left out of every "
-            "median (see the invalid runs below)."
-        )
-    else:
-        note = f"All {len(runs)} runs were valid."
-    return f'<ul class="verdicts">{"".join(items)}</ul>\n<p class="note">{note}</p>'
+def verdict_sentences(tables: dict[str, pd.DataFrame]) -> list[tuple[str, str]]:
+    """Each claim's sentence, with the class that colors it by its verdict."""
+    return [
+        (verdict_class(claim["verdict"]), claim["sentence"])
+        for claim in tables["claims"].to_dict("records")
+    ]
 
 
 def verdict_class(verdict: str) -> str:
@@ -38,53 +26,31 @@ def verdict_class(verdict: str) -> str:
     }.get(verdict, "")
 
 
-def ratios_html(tables: dict[str, pd.DataFrame]) -> str:
-    ratios = tables["ratios"]
-    if ratios.empty:
-        return "<p>No ratio claims.</p>"
-    header = [
-        "claim",
-        "figure",
-        "numerator",
-        "denominator",
-        "medians",
-        "ratio of medians",
-        "study",
-        "per block",
-    ]
+def ratios_table(tables: dict[str, pd.DataFrame]) -> Table:
     rows = [
-        [
-            row["claim"],
-            METRICS[row["metric"]].label,
-            row["numerator"],
-            row["denominator"],
-            f"{format_number(row['numerator_median'])} / "
+        {
+            "claim": row["claim"],
+            "figure": METRICS[row["metric"]].label,
+            "numerator": row["numerator"],
+            "denominator": row["denominator"],
+            "medians": f"{format_number(row['numerator_median'])} / "
             f"{format_number(row['denominator_median'])}",
-            ratio_text(row["ratio_of_medians"]),
-            ratio_text(row["reference_ratio"]),
-            text(row["block_ratios"]) or "no paired blocks",
-        ]
-        for row in ratios.to_dict("records")
+            "ratio of medians": ratio_text(row["ratio_of_medians"]),
+            "study": ratio_text(row["reference_ratio"]),
+            "per block": text(row["block_ratios"]) or "no paired blocks",
+        }
+        for row in tables["ratios"].to_dict("records")
     ]
-    return html_table(header, rows)
+    return Table.of_rows(rows, when_empty="No ratio claims.")
 
 
-def claims_html(tables: dict[str, pd.DataFrame]) -> str:
-    claims = tables["claims"]
-    if claims.empty:
-        return "<p>The config states no claims.</p>"
-    header = ["claim", "statement", "arms", "needs", "verdict", "numbers"]
-    records = claims.to_dict("records")
-    rows = [
-        [
-            row["claim"],
-            row["statement"],
-            row["arms"],
-            row["bound"],
-            row["verdict"],
-            row["detail"],
-        ]
-        for row in records
-    ]
-    row_classes = [verdict_class(row["verdict"]) for row in records]
-    return html_table(header, rows, row_classes=row_classes, verdict_column=4)
+def claims_table(tables: dict[str, pd.DataFrame]) -> Table:
+    columns = ["claim", "statement", "arms", "bound", "verdict", "detail"]
+    records = tables["claims"].to_dict("records")
+    return Table(
+        ["claim", "statement", "arms", "needs", "verdict", "numbers"],
+        [[row[column] for column in columns] for row in records],
+        verdict_column=4,
+        row_classes=[verdict_class(row["verdict"]) for row in records],
+        when_empty="The config states no claims.",
+    )
