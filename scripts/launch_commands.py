@@ -6,8 +6,8 @@ from pathlib import Path
 
 from serving_study.config.platform import platform_for
 from serving_study.config.records import Arm
+from serving_study.files import write_json
 from serving_study.servers.sglang_commands import arm_launch_commands, model_flags
-from serving_study.sources.files import write_json
 from serving_study.sources.model_snapshot import model_host_path
 
 sys.stderr = open(snakemake.log[0], "w")

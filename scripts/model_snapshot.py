@@ -4,7 +4,7 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.sources.files import write_json
+from serving_study.files import write_json
 from serving_study.sources.model_snapshot import ModelUnavailable, ensure_model_snapshot
 from serving_study.sources.recorded_files import RecordedFileChanged
 

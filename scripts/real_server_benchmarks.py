@@ -8,12 +8,12 @@ from pathlib import Path
 
 from serving_study.analysis.real_server_figures import (
     arm_run_figures,
-    measure_main_process_steps,
     split_of_main_cpu,
 )
 from serving_study.config.platform import CPU_PLATFORM, python_path
 from serving_study.config.records import Arm, HostSharing
 from serving_study.measure.host_sharing import MeasurementLock
+from serving_study.studies.main_process_steps import measure_main_process_steps
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO, format="%(message)s")

@@ -8,7 +8,7 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.sources.files import write_json
+from serving_study.files import write_json
 from serving_study.sources.tiny_model import write_tiny_qwen3_vl
 from serving_study.sources.tiny_model_settings import TinyModelError, TinyModelSettings
 

@@ -24,6 +24,7 @@ from study_helpers import arm_record, docker, snakemake_command
 
 from serving_study.config.platform import CPU_PLATFORM, GPU_PLATFORM
 from serving_study.engine.preprocess import preprocess_image
+from serving_study.files import file_sha256
 from serving_study.measure.server_queries import ServerNeverHealthy, wait_until_healthy
 from serving_study.servers.container_commands import (
     QUOTA_INSIDE_SCRIPT,
@@ -40,7 +41,6 @@ from serving_study.servers.container_runtime import ContainerServer
 from serving_study.servers.host import unmet_needs
 from serving_study.servers.local_runtime import free_port
 from serving_study.servers.shared_memory import namespace_pid, segment_creator
-from serving_study.sources.files import file_sha256
 from serving_study.sources.images import (
     EMBEDDED_PYTHON,
     EMBEDDED_VARIANT_ROOT,

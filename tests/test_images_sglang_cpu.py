@@ -25,9 +25,9 @@ from serving_study.config.platform import (
     CPU_RUNTIME_LOCK,
     GPU_PLATFORM,
 )
+from serving_study.files import file_sha256
 from serving_study.servers.container_commands import container_options
 from serving_study.servers.sglang_commands import image_engine
-from serving_study.sources.files import file_sha256
 from serving_study.sources.images import (
     ENGINES,
     ImageBuildFailed,

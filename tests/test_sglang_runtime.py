@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from serving_study.analysis.real_server_figures import measure_main_process_steps
 from serving_study.config.platform import CPU_PLATFORM, python_path
 from serving_study.measure.server_log_facts import GC_RESUMED_LINE
 from serving_study.sources import sglang_runtime
@@ -36,6 +35,7 @@ from serving_study.sources.sglang_runtime import (
 )
 from serving_study.sources.tiny_model import write_tiny_qwen3_vl
 from serving_study.sources.tiny_model_settings import TinyModelSettings
+from serving_study.studies.main_process_steps import measure_main_process_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCK = ROOT / "envs" / "sglang-cpu" / "requirements.lock"
@@ -672,8 +672,8 @@ def test_the_main_process_steps_are_measured_in_the_servers_runtime(
     built_runtime, sglang_0_5_23, tmp_path
 ):
     """real_server_benchmarks' split: the processor and the release's own SHM copy,
-    run by file path from inside this package's analysis/ folder (whose numbers.py
-    must not shadow the standard library's)."""
+    run by file path from inside this package's studies/ folder (with -P, so that
+    none of its modules can shadow the standard library's)."""
     tree, _ = sglang_0_5_23
     model = tmp_path / "model"
     write_tiny_qwen3_vl(model, TinyModelSettings(seed=0))

@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from study_helpers import git
 
+from serving_study.files import file_sha256
 from serving_study.sources import pypi_source, wheelhouse
 from serving_study.sources.fetch import fetch_source, read_identity
-from serving_study.sources.files import file_sha256
 from serving_study.sources.images import assemble_context
 from serving_study.sources.pull_request import fetch_pull_request_diff
 from serving_study.sources.recorded_files import RecordedFileChanged

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer
 
+from serving_study.files import file_sha256
 from serving_study.sources import tiny_model
-from serving_study.sources.files import file_sha256
 from serving_study.sources.tiny_model import write_tiny_qwen3_vl
 from serving_study.sources.tiny_model_processor import SPECIAL_TOKENS
 from serving_study.sources.tiny_model_settings import TinyModelError, TinyModelSettings

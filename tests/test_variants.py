@@ -21,8 +21,8 @@ import pytest
 import torch
 from study_helpers import git
 
+from serving_study.files import file_sha256, tree_sha256
 from serving_study.sources.fetch import fetch_source
-from serving_study.sources.files import file_sha256, tree_sha256
 from serving_study.sources.source_errors import SourceMismatch
 from serving_study.sources.variants import (
     PatchDoesNotApply,

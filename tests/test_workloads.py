@@ -12,7 +12,7 @@ from PIL import Image
 
 from serving_study import workloads
 from serving_study.config.schema import property_schema
-from serving_study.sources.files import file_sha256
+from serving_study.files import file_sha256
 from serving_study.workloads import PROMPT_WORDS, draw_image, generate_workload
 
 CONTENTS = property_schema("workloads", "content")["enum"]

@@ -23,7 +23,7 @@ import PIL
 from PIL import Image, features
 
 from serving_study.config.validation import key_problems
-from serving_study.sources.files import file_sha256, staged_directory, write_json
+from serving_study.files import file_sha256, staged_directory, write_json
 
 # The file extension of each image format the schema allows (a test keeps the two
 # equal).

@@ -27,7 +27,7 @@ import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serving_study.sources.files import (
+from serving_study.files import (
     file_sha256,
     staged_directory,
     tree_sha256,

@@ -18,7 +18,7 @@ import re
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serving_study.sources.files import file_sha256, write_json
+from serving_study.files import file_sha256, write_json
 from serving_study.sources.recorded_files import require_unchanged
 
 REQUIRED_FILES = ("config.json", "tokenizer_config.json", "preprocessor_config.json")

@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from serving_study.sources.files import file_sha256
+from serving_study.files import file_sha256
 from serving_study.sources.package_extraction import extract_package_sources
 from serving_study.sources.source_errors import (
     SourceMismatch,

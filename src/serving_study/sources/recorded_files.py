@@ -15,7 +15,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from serving_study.sources.files import file_sha256
+from serving_study.files import file_sha256
 from serving_study.sources.source_errors import SourceError
 
 BYTECODE_DIRECTORY = "__pycache__"

@@ -30,7 +30,7 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serving_study.sources.files import file_sha256, write_json
+from serving_study.files import file_sha256, write_json
 from serving_study.sources.hashed_lock import LockNotClosed, read_hashed_lock
 from serving_study.sources.recorded_files import file_digests, require_unchanged
 from serving_study.sources.runtime_python import LOCK_PYTHON, SYSTEM_PYTHON, base_python

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serving_study.sources.files import file_sha256
+from serving_study.files import file_sha256
 from serving_study.sources.tiny_model_processor import (
     CHAT_TEMPLATE,
     ENDOFTEXT,

@@ -23,7 +23,7 @@ import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serving_study.sources.files import file_sha256, staged_directory
+from serving_study.files import file_sha256, staged_directory
 from serving_study.sources.pull_request import fetch_pull_request_diff
 
 logger = logging.getLogger(__name__)

@@ -32,7 +32,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
-from serving_study.sources.files import file_sha256, staged_directory
+from serving_study.files import file_sha256, staged_directory
 from serving_study.sources.hashed_lock import (
     LockNotClosed,
     canonical_name,

@@ -2,7 +2,8 @@
 
 Run by file path with a real server's runtime, the variant's tree first on
 PYTHONPATH and the arm's thread knobs in the environment (standard library, torch,
-transformers and the variant's SGLang only; nothing of serving_study)::
+transformers and the variant's SGLang only; nothing of serving_study), as
+``main_process_steps.py`` does::
 
     <runtime python> -P main_process_costs.py MODEL_DIR IMAGE [IMAGE ...]
 

@@ -1,4 +1,8 @@
-"""Digests of files and trees, and writes that never leave anything half-done."""
+"""Digests of files and trees, and writes that never leave anything half-done.
+
+On the ground floor (it imports nothing of this package), where the workloads and
+the sources can both use it.
+"""
 
 from __future__ import annotations
 
