@@ -3,8 +3,9 @@
 # shuffled blocks (run 1's arms, then run 2's, ...), and each takes the whole host so
 # that no other job disturbs a measurement.
 #
-# A run re-measures only when its own inputs change: its arm, variant, workload,
-# engine settings, or the host's description (rules/preflight.smk keeps edits to
+# A run starts its arm's launch plan (rules/commands.smk) as it is, on a free port.
+# It re-measures only when its own inputs change: its plan, arm, variant, workload,
+# or the host's description (rules/preflight.smk keeps edits to
 # other arms and published pages out of that). The host-sharing settings are read
 # from the config by the runner, not given as params: how runs share a host never
 # changes what a run measures. (No input here is ancient(): when an ancient input's
@@ -18,6 +19,8 @@
 
 rule run_arm:
     input:
+        # How the server starts (rules/commands.smk), run as it is.
+        plan=launch_plan_of_arm,
         variant=variant_of_arm,
         workload=workload_of_arm,
         host="results/{experiment}/host.json",
@@ -42,7 +45,6 @@ rule run_arm:
     threads: WHOLE_HOST
     params:
         arm=arm_settings,
-        server=SERVER.as_config(),
         client=CLIENT.as_config(),
         monitors=MONITORS.as_config(),
         # Where every attempt is kept, outside the outputs Snakemake deletes.

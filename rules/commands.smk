@@ -1,36 +1,32 @@
-# The exact command lines of every real SGLang arm (engine sglang), written without a
-# GPU: the server's argv with transport, caches and memory spelled out, the container
-# argv that runs it with the model mounted, and the environment it gets. The arm
-# runner starts servers with the same functions; these files let a reader check them.
+# Each arm's launch plan: how its server starts, as one value (launch/plan.py). The
+# runs start it as it is, with a free port each; a reader checks it here, and every
+# run's provenance holds it as it ran.
 
 
-rule launch_commands:
+rule launch_plan:
+    input:
+        variant=variant_of_arm,
+        workload=workload_of_arm,
+        image=image_of_arm,
+        model=model_of_engine,
+        runtime=sglang_runtime_of_engine,
+        patch=patch_of_arm,
     output:
-        commands="results/{experiment}/commands/{arm}.json",
+        plan="results/{experiment}/commands/{arm}.json",
     log:
-        "results/logs/launch_commands/{experiment}/{arm}.log",
+        "results/logs/launch_plan/{experiment}/{arm}.log",
     localrule: True
     conda:
         "../envs/workflow.yaml"
     params:
-        engine=SERVER.engine,
-        runtime=SERVER.runtime,
-        device=SERVER.device,
         arm=arm_settings,
-        # What a server reads of the sglang section, its port, and the model.
-        sglang={
-            **(SERVER.sglang or {}),
-            "port": config["sglang"]["port"],
-            **model_source(config["sglang"]),
-        },
-        model_download_directory=model_download_directory(),
-        tiny_model_directory=tiny_model_directory(),
-        tiny_model_dtype=TINY_MODEL.dtype if TINY_MODEL else None,
-        quota_during_startup=CLIENT.quota_during_startup,
+        server=SERVER.as_config(),
+        # What the plan shows as its port; each run takes a free one instead.
+        port=config["sglang"]["port"] if SERVER.engine == "sglang" else None,
     script:
-        "../scripts/launch_commands.py"
+        "../scripts/launch_plan.py"
 
 
 rule commands:
     input:
-        launch_commands_files(),
+        launch_plan_files(),

@@ -27,7 +27,8 @@ from serving_study.config.records import (
     Workload,
 )
 from serving_study.config.validation import ConfigError, check_config
-from serving_study.servers.sglang_commands import model_folder_name, model_source
+from serving_study.launch.sglang import model_folder_name, model_source
+from serving_study.servers.container_commands import RUNTIMES as CONTAINER_RUNTIMES
 from serving_study.config.platform import CPU_RUNTIME_LOCK, platform_for
 from serving_study.sources.tiny_model_settings import TinyModelSettings
 
@@ -155,8 +156,8 @@ def patch_of_variant(wildcards):
 
 
 def patch_of_arm(wildcards):
-    """The patch of the arm's variant when a real SGLang server runs it: the runner
-    reads which modules it changes, to check the server loaded them."""
+    """The patch of the arm's variant when a real SGLang server runs it: its plan
+    names the modules it changes, which the server must report as loaded."""
     return patch_file(ARMS[wildcards.arm].variant) if SERVER.engine == "sglang" else []
 
 
@@ -253,9 +254,17 @@ def final_outputs():
     ]
 
 
-def launch_commands_files():
-    """Every arm's SGLang server and container command (engine sglang)."""
-    return [f"results/{EXPERIMENT}/commands/{arm}.json" for arm in ARMS]
+def launch_plan_file(arm):
+    return f"results/{EXPERIMENT}/commands/{arm}.json"
+
+
+def launch_plan_of_arm(wildcards):
+    return launch_plan_file(wildcards.arm)
+
+
+def launch_plan_files():
+    """Every arm's launch plan (rule launch_plan)."""
+    return [launch_plan_file(arm) for arm in ARMS]
 
 
 def model_snapshot_file():
@@ -291,8 +300,6 @@ def model_download_directory():
 
 
 # --- Container images (runtime docker or podman) -----------------------------------
-
-CONTAINER_RUNTIMES = ("docker", "podman")
 
 
 def in_containers():

@@ -4,7 +4,7 @@
 # real SGLang's on a CPU host (Debian with the CPU runtime's lock). The two built on
 # Debian install a wheelhouse made here with pip download, so their builds need no
 # package index (and no CUDA torch creeps into the embedded engine's).
-from serving_study.servers.sglang_commands import image_engine
+from serving_study.launch.sglang import image_engine
 from serving_study.config.platform import CPU_RUNTIME_LOCK
 
 # The platform a wheelhouse's wheels are chosen for (the images' Debian and Python).

@@ -12,9 +12,9 @@ from serving_study.config.records import (
     ClientSettings,
     HostSharing,
     MonitorSettings,
-    ServerSettings,
     Variant,
 )
+from serving_study.launch.plan import LaunchPlan
 from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.run_attempts import RunAttempts, measure_attempt
 from serving_study.measure.run_outputs import RunPaths
@@ -39,21 +39,12 @@ inputs, params, wildcards = snakemake.input, snakemake.params, snakemake.wildcar
 identity = read_json(inputs.variant)
 arm = Arm.from_config(params.arm)
 run = int(wildcards.run)
-server_settings = ServerSettings.from_config(
-    params.server,
-    # The variant's image, the model snapshot the model rule checked (or
-    # downloaded, or wrote) and the SGLang runtime built for this host's CPU,
-    # each when the arm needs one.
-    image_id_file=inputs.image or None,
-    model_snapshot=read_json(inputs.model[0]) if inputs.model else None,
-    runtime_python=read_json(inputs.runtime[0])["python"] if inputs.runtime else None,
-)
+plan_record = read_json(inputs.plan)["launch"]
 # What this run measures: an earlier attempt is given back only when it is the same.
 settings_sha256 = canonical_sha256(
     {
-        "params": {
-            name: params[name] for name in ("arm", "server", "client", "monitors")
-        },
+        "params": {name: params[name] for name in ("arm", "client", "monitors")},
+        "launch": plan_record,
         "variant": identity,
         "workload": Path(inputs.workload).read_text(),
     }
@@ -83,7 +74,7 @@ measure_attempt(
         run=run,
         variant=Variant.from_identity(identity),
         workload_manifest=Path(inputs.workload),
-        server_settings=server_settings,
+        plan=LaunchPlan.from_record(plan_record),
         client=ClientSettings.from_config(params.client),
         monitors=MonitorSettings.from_config(params.monitors),
         sharing=sharing,

@@ -3,6 +3,7 @@ real arm's settings, and what a study may leave on the host (segments, cgroups,
 processes, containers); and a child process a test drives line by line."""
 
 import contextlib
+import dataclasses
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ import pytest
 import yaml
 
 from serving_study.config import records
+from serving_study.launch.plan import ContainerOptions, LaunchPlan, process_plan
 from serving_study.measure.thread_cpu import ThreadCpuSnapshot, read_thread_cpu
 from serving_study.servers.cgroup_hierarchy import QuotaUnavailable
 from serving_study.servers.cgroups import CpuQuotaGroup, project_group_directories
@@ -82,7 +84,6 @@ def embedded_run_settings(
         "health_timeout_s": health_timeout_s,
         "request_timeout_s": 60,
         "max_dispatch_lag_ms": 100,
-        "quota_during_startup": False,
     }
     return {
         "server_settings": records.ServerSettings.from_config(
@@ -490,3 +491,74 @@ def cgroups_usable() -> str | None:
 needs_cgroups = pytest.mark.skipif(
     (reason := cgroups_usable()) is not None, reason=reason or ""
 )
+
+
+# What differs between two starts of one plan: the run's port, and the names and
+# labels that make its cgroup and container its own (LaunchPlan's per-run fields).
+PER_RUN_OPTIONS = ("--name", "--label", "--port")
+
+
+def without_per_run_values(argv: list[str]) -> list[str]:
+    return [
+        "<per run>" if index and argv[index - 1] in PER_RUN_OPTIONS else item
+        for index, item in enumerate(argv)
+    ]
+
+
+def assert_ran_as_planned(workdir: Path, experiment: str, arm: str, run: int = 1):
+    """The run started the plan that ``commands/<arm>.json`` holds, as it is: the
+    same argv, environment (names and values), quota, container options and
+    checks, apart from the run's own port and names."""
+    results = workdir / "results" / experiment
+    planned = json.loads((results / "commands" / f"{arm}.json").read_text())
+    ran = json.loads((results / arm / f"run{run}" / "provenance.json").read_text())
+    plan, launch = planned["launch"], ran["launch"]
+    assert {
+        key: value for key, value in plan.items() if key not in ("port", "command")
+    } == {key: value for key, value in launch.items() if key not in ("port", "command")}
+    assert launch["command"] == [*launch["argv"], "--port", str(launch["port"])]
+    if plan["container"] is None:
+        # The local runtime adds only the helper that joins the run's cgroup.
+        assert ran["runtime_argv"][-len(launch["command"]) - 1 :] == [
+            "--",
+            *launch["command"],
+        ]
+    else:
+        assert without_per_run_values(ran["runtime_argv"]) == without_per_run_values(
+            planned["runtime_argv"]
+        )
+    return plan
+
+
+def container_plan(
+    argv: list[str],
+    image: str,
+    *,
+    runtime: str = "docker",
+    environment: dict[str, str] | None = None,
+    secret_environment: tuple[str, ...] = (),
+    quota_cores: float | None = None,
+    quota_timing: str = "start",
+    shm_size: str | None = "64m",
+    ipc_host: bool = False,
+    gpus: str | None = None,
+    read_only_mounts: tuple = (),
+) -> LaunchPlan:
+    """The plan of ``argv`` in a container of ``image``: a process of no engine,
+    with what the test gives of the environment, quota and container."""
+    plan = process_plan(argv, quota_cores, timing=quota_timing)
+    return dataclasses.replace(
+        plan,
+        environment=dict(environment or {}),
+        secret_environment=tuple(secret_environment),
+        host_environment=(),
+        container=ContainerOptions(
+            runtime=runtime,
+            image=image,
+            shm_size=None if ipc_host else shm_size,
+            ipc_host=ipc_host,
+            gpus=gpus,
+            read_only_mounts=tuple(read_only_mounts),
+            writable_mounts=(),
+        ),
+    )

@@ -23,6 +23,7 @@ import pytest
 from study_helpers import embedded_arm, embedded_run_settings, leaked_segments
 
 from serving_study.config.records import Arm, HostSharing, Variant
+from serving_study.launch.engines import launch_plan
 from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.run_outputs import RunPaths
 from serving_study.servers.cgroups import project_group_directories
@@ -77,14 +78,23 @@ def run(
     directory: Path,
     arm: Arm = ARM,
     sharing: HostSharing = SHARING,
+    argv: list[str] | None = None,
 ) -> dict:
+    """One run of the arm's launch plan; ``argv``, when given, starts a stand-in
+    server in place of the engine's (it gets ``--port <port>`` last)."""
+    settings = dict(SETTINGS)
+    variant = Variant.from_identity(variant)
+    plan = launch_plan(settings.pop("server_settings"), arm, variant, workload)
+    if argv is not None:
+        plan = dataclasses.replace(plan, argv=tuple(argv))
     return run_arm(
         experiment="faults",
         arm=arm,
         run=1,
-        variant=Variant.from_identity(variant),
+        variant=variant,
         workload_manifest=workload,
-        **SETTINGS,
+        plan=plan,
+        **settings,
         paths=run_paths(directory),
         sharing=sharing,
     )
@@ -248,24 +258,22 @@ app["count"] = 0
 app.router.add_get("/health", health)
 app.router.add_get("/server_info", lambda request: web.json_response({}))
 app.router.add_post("/v1/chat/completions", chat)
-web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[-1]), print=None)
 """
 
 
 def test_a_server_answering_500s_and_cut_streams_gives_an_invalid_run(
-    variant, workload, tmp_path, monkeypatch
+    variant, workload, tmp_path
 ):
     script = tmp_path / "erroring_server.py"
     script.write_text(ERRORING_SERVER)
-    monkeypatch.setattr(
-        "serving_study.measure.server_start.server_argv",
-        lambda server_settings, variant, arm, port: [
-            sys.executable,
-            str(script),
-            str(port),
-        ],
+    metrics = run(
+        variant,
+        workload,
+        tmp_path / "run",
+        arm=arm_with(requests=10),
+        argv=[sys.executable, str(script)],
     )
-    metrics = run(variant, workload, tmp_path / "run", arm=arm_with(requests=10))
     assert metrics["valid"] is False
     assert metrics["error_count"] == 10
     assert any("did not complete" in reason for reason in metrics["invalid_reasons"])

@@ -360,3 +360,20 @@ def test_snakemake_refuses_a_bad_config_before_any_job(tmp_path):
     bad.write_text(yaml.safe_dump(config))
     refused = snakemake_refuses(bad)
     assert f"{bad}: arms[2].cpu_quota: 0 is not a CPU quota" in refused
+
+
+def test_the_old_quota_timing_key_still_works_with_a_warning():
+    config = default_config()
+    config["client"]["quota_during_startup"] = True
+    config["arms"][1]["quota_timing"] = "healthy"
+    with pytest.warns(FutureWarning, match="quota_during_startup is deprecated"):
+        checked = check(config)
+    assert "quota_during_startup" not in checked["client"]
+    timings = [arm["quota_timing"] for arm in checked["arms"]]
+    assert timings[0] == "start" and timings[1] == "healthy"
+    assert set(timings[2:]) == {"start"}
+
+
+def test_without_the_old_key_the_quota_comes_once_healthy():
+    checked = check(default_config())
+    assert {arm["quota_timing"] for arm in checked["arms"]} == {"healthy"}

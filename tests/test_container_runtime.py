@@ -20,22 +20,29 @@ import psutil
 import pytest
 import requests
 from PIL import Image
-from study_helpers import arm_record, docker, snakemake_command
+from study_helpers import (
+    arm_record,
+    assert_ran_as_planned,
+    container_plan,
+    docker,
+    snakemake_command,
+)
 
-from serving_study.config.platform import CPU_PLATFORM, GPU_PLATFORM
+from serving_study.config.records import ServerSettings
 from serving_study.engine.preprocess import preprocess_image
 from serving_study.files import file_sha256
+from serving_study.launch.engines import (
+    container_options,
+    largest_tensor_bytes,
+    shared_memory_bytes,
+)
+from serving_study.launch.plan import EngineCommand
 from serving_study.measure.server_queries import ServerNeverHealthy, wait_until_healthy
 from serving_study.servers.container_commands import (
     QUOTA_INSIDE_SCRIPT,
-    ContainerCommandFailed,
-    container_options,
     gpu_options,
-    largest_tensor_bytes,
     parse_quota,
-    read_image_id,
     run_command,
-    shared_memory_bytes,
 )
 from serving_study.servers.container_runtime import ContainerServer
 from serving_study.servers.host import unmet_needs
@@ -51,6 +58,7 @@ from serving_study.sources.images import (
     build_variant_image,
     image_tag,
     inspect_image,
+    read_image_id,
     run_build,
 )
 from serving_study.sources.variants import prepare_variant
@@ -91,16 +99,14 @@ def write_manifest(directory: Path, sizes: list[tuple[int, int]]) -> Path:
 
 
 def test_run_command_carries_quota_shm_environment_and_label():
-    argv = run_command(
-        runtime="docker",
-        image="sha256:abc",
-        command=["python", "-m", "serving_study.engine", "--port", "1234"],
-        name="serving-study-x",
-        label="x",
+    plan = container_plan(
+        ["python", "-m", "serving_study.engine", "--port", "1234"],
+        "sha256:abc",
         environment={"OMP_NUM_THREADS": "8", "SGLANG_VLM_CACHE_SIZE_MB": "0"},
         quota_cores=13.6,
         shm_size="3328m",
     )
+    argv = run_command(plan, "serving-study-x", "x")
     assert argv[:3] == ["docker", "run", "--detach"]
     assert option_value(argv, "--name") == "serving-study-x"
     assert option_value(argv, "--label") == "serving-study.run=x"
@@ -119,18 +125,15 @@ def test_run_command_carries_quota_shm_environment_and_label():
 
 
 def test_host_ipc_replaces_the_private_shm_and_mounts_are_read_only():
-    argv = run_command(
+    plan = container_plan(
+        ["true"],
+        "img",
         runtime="podman",
-        image="img",
-        command=["true"],
-        name="n",
-        label="n",
-        environment={},
-        quota_cores=None,
         shm_size="2048m",
         ipc_host=True,
         read_only_mounts=[("/data/models/Qwen", "/models/Qwen")],
     )
+    argv = run_command(plan, "n", "n")
     assert argv[:2] == ["podman", "run"]
     assert "--ipc=host" in argv and "--shm-size" not in argv
     assert "--cpus" not in argv
@@ -139,14 +142,7 @@ def test_host_ipc_replaces_the_private_shm_and_mounts_are_read_only():
 
 def test_an_image_or_a_context_that_looks_like_an_option_stays_a_value(tmp_path):
     run = run_command(
-        runtime="podman",
-        image="--privileged",
-        command=["true"],
-        name="n",
-        label="n",
-        environment={},
-        quota_cores=None,
-        shm_size=None,
+        container_plan(["true"], "--privileged", runtime="podman"), "n", "n"
     )
     build = build_command(
         "docker",
@@ -165,14 +161,7 @@ def test_docker_takes_an_image_that_looks_like_an_option_as_an_image():
     if shutil.which("docker") is None:
         pytest.skip("the docker client is not installed")
     argv = run_command(
-        runtime="docker",
-        image="--help",
-        command=[],
-        name="serving-study-hostile-image",
-        label="hostile-image",
-        environment={},
-        quota_cores=None,
-        shm_size=None,
+        container_plan([], "--help"), "serving-study-hostile-image", "hostile-image"
     )
     finished = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     # Read as an option, "--help" would print the usage and exit 0.
@@ -182,21 +171,13 @@ def test_docker_takes_an_image_that_looks_like_an_option_as_an_image():
 
 
 def test_quota_is_given_at_start_only_when_startup_runs_under_it():
-    def container(during_startup: bool) -> ContainerServer:
-        return ContainerServer(
-            ["true"],
-            {},
-            0.5,
-            "exp-A-run1-1-try1",
-            Path("/dev/null"),
-            quota_during_startup=during_startup,
-            image="img",
-            shm_size="1024m",
-        )
+    def container(timing: str) -> ContainerServer:
+        plan = container_plan(["true"], "img", quota_cores=0.5, quota_timing=timing)
+        return ContainerServer(plan, "exp-A-run1-1-try1", Path("/dev/null"))
 
-    assert option_value(container(True).run_argv, "--cpus") == "0.5"
-    assert "--cpus" not in container(False).run_argv
-    assert container(False).name == "serving-study-exp-A-run1-1-try1"
+    assert option_value(container("start").runtime_argv, "--cpus") == "0.5"
+    assert "--cpus" not in container("healthy").runtime_argv
+    assert container("healthy").name == "serving-study-exp-A-run1-1-try1"
 
 
 def test_gpus_for_docker_and_as_cdi_devices_for_podman():
@@ -215,16 +196,8 @@ def test_gpus_for_docker_and_as_cdi_devices_for_podman():
 @pytest.mark.parametrize("runtime", ["docker", "podman"])
 def test_containers_get_no_capabilities_and_no_new_privileges(runtime):
     image = "sha256:" + "a" * 64
-    argv = run_command(
-        runtime=runtime,
-        image=image,
-        command=["true"],
-        name="n",
-        label="n",
-        environment={},
-        quota_cores=1.0,
-        shm_size="64m",
-    )
+    plan = container_plan(["true"], image, runtime=runtime, quota_cores=1.0)
+    argv = run_command(plan, "n", "n")
     options = argv[: argv.index(image)]
     assert option_values(options, "--cap-drop") == ["ALL"]
     assert option_values(options, "--security-opt") == ["no-new-privileges"]
@@ -236,7 +209,7 @@ def test_an_image_id_file_must_hold_an_image_id(tmp_path):
     (tmp_path / "built.iid").write_text(image_id + "\n")
     assert read_image_id(tmp_path / "built.iid") == image_id
     (tmp_path / "tag.iid").write_text("localhost/serving-study-embedded:original\n")
-    with pytest.raises(ContainerCommandFailed, match="not an image id"):
+    with pytest.raises(ImageBuildFailed, match="not an image id"):
         read_image_id(tmp_path / "tag.iid")
 
 
@@ -255,16 +228,37 @@ def test_shared_memory_holds_two_tensors_per_request_in_flight(tmp_path):
     assert shared_memory_bytes(6 * MIB, 4) == 1024 * MIB  # the 1 GiB floor
 
 
-def test_container_options_from_config(tmp_path):
+def options_of(container: dict, tmp_path: Path, wants_gpus: bool = False):
+    """A container's options from the config's ``container`` section, for an
+    arm at concurrency 16 on 2048 px images, of an engine that wants GPUs or not."""
     manifest = write_manifest(tmp_path, [(2048, 2048)])
-    computed = container_options(EMBEDDED_SETTINGS, None, 16, manifest)
-    assert computed == {"shm_size": "3328m", "ipc_host": False, "gpus": "none"}
+    image_id = tmp_path / "built.iid"
+    image_id.write_text("sha256:" + "c" * 64)
+    server = ServerSettings.from_config(
+        {"engine": "embedded", "runtime": "docker", "container": container},
+        image_id_file=image_id,
+    )
+    command = EngineCommand(
+        ("true",), {}, "SIGTERM", False, "m", "server_info", wants_gpus=wants_gpus
+    )
+    return container_options(server, arm_record(concurrency=16), command, manifest)
+
+
+def test_container_options_from_config(tmp_path):
+    computed = options_of(EMBEDDED_SETTINGS, tmp_path)
+    assert (computed.shm_size, computed.ipc_host, computed.gpus) == (
+        "3328m",
+        False,
+        None,
+    )
+    assert computed.image == "sha256:" + "c" * 64
     fixed = EMBEDDED_SETTINGS | {"shm_size": "16g"}
-    assert container_options(fixed, GPU_PLATFORM, 16, manifest)["shm_size"] == "16g"
-    assert container_options(fixed, GPU_PLATFORM, 16, manifest)["gpus"] == "all"
-    assert container_options(fixed, CPU_PLATFORM, 16, manifest)["gpus"] == "none"
+    assert options_of(fixed, tmp_path, wants_gpus=True).shm_size == "16g"
+    assert options_of(fixed, tmp_path, wants_gpus=True).gpus == "all"
+    assert options_of(fixed, tmp_path, wants_gpus=False).gpus is None
+    assert options_of(fixed | {"gpus": "device=1"}, tmp_path).gpus == "device=1"
     shared = EMBEDDED_SETTINGS | {"ipc_host": True}
-    assert container_options(shared, None, 16, manifest)["shm_size"] is None
+    assert options_of(shared, tmp_path).shm_size is None
 
 
 def test_preflight_refuses_a_quota_docker_cannot_give():
@@ -522,7 +516,7 @@ def container_server(
     *,
     environment: dict[str, str] | None = None,
     quota_cores: float | None = None,
-    quota_during_startup: bool = True,
+    quota_timing: str = "start",
     shm_size: str = "64m",
     **options,
 ) -> ContainerServer:
@@ -531,17 +525,16 @@ def container_server(
     log server.log in ``log_directory``; unless the test says otherwise it has no
     environment and no quota, a quota would hold from the start, and its
     /dev/shm is 64 MB."""
-    return ContainerServer(
+    plan = container_plan(
         argv,
-        environment or {},
-        quota_cores,
-        f"{name}-{os.getpid()}",
-        log_directory / "server.log",
-        quota_during_startup=quota_during_startup,
-        image=image,
+        image,
+        environment=environment,
+        quota_cores=quota_cores,
+        quota_timing=quota_timing,
         shm_size=shm_size,
         **options,
     )
+    return ContainerServer(plan, f"{name}-{os.getpid()}", log_directory / "server.log")
 
 
 @pytest.mark.docker
@@ -552,7 +545,8 @@ def test_each_arm_ran_in_its_variants_container_under_its_quota(docker_study):
         assert metrics["valid"], metrics["invalid_reasons"]
         assert metrics["requests_completed"] == 12
         provenance = json.loads((results / arm / "run1/provenance.json").read_text())
-        assert option_value(provenance["container_argv"], "--cpus") == f"{quota:g}"
+        assert option_value(provenance["runtime_argv"], "--cpus") == f"{quota:g}"
+        assert_ran_as_planned(docker_study, "test-docker", arm)
         assert provenance["quota_seen_inside"]["cores"] == pytest.approx(quota)
         assert provenance["quota_in_force"]["cores"] == pytest.approx(quota)
         assert provenance["image"] == (
@@ -564,7 +558,7 @@ def test_each_arm_ran_in_its_variants_container_under_its_quota(docker_study):
             server_info["mm_utils_sha256"] == provenance["variant"]["mm_utils_sha256"]
         )
         assert server_info["sglang_source"] == EMBEDDED_VARIANT_ROOT
-        assert provenance["server_argv"][0] == EMBEDDED_PYTHON
+        assert provenance["launch"]["argv"][0] == EMBEDDED_PYTHON
         assert provenance["leaked_segments_removed"] == []
     assert (results / "report.html").is_file()
 
@@ -625,7 +619,7 @@ def test_quota_applied_once_healthy_and_teardown_sweeps_shared_memory(
         tmp_path,
         environment={"OMP_NUM_THREADS": "1"},
         quota_cores=0.5,
-        quota_during_startup=False,
+        quota_timing="healthy",
         shm_size="300m",
     )
     try:
@@ -913,7 +907,7 @@ def test_a_secret_reaches_the_container_by_name_only(
         embedded_image,
         tmp_path,
         environment={"OMP_NUM_THREADS": "1"},
-        passed_environment=["STUDY_PASSED_VALUE"],
+        secret_environment=("STUDY_PASSED_VALUE",),
     )
     try:
         server.start()
@@ -921,8 +915,8 @@ def test_a_secret_reaches_the_container_by_name_only(
         assert inside["STUDY_PASSED_VALUE"] == secret
     finally:
         server.stop()
-    assert option_values(server.run_argv, "--env") == [
+    assert option_values(server.runtime_argv, "--env") == [
         "OMP_NUM_THREADS=1",
         "STUDY_PASSED_VALUE",
     ]
-    assert not any(secret in item for item in server.run_argv)
+    assert not any(secret in item for item in server.runtime_argv)

@@ -93,21 +93,21 @@ app = web.Application()
 app.router.add_get("/health", health)
 app.router.add_get("/server_info", server_info)
 app.router.add_post("/v1/chat/completions", chat)
-web.run_app(app, host="127.0.0.1", port=int(sys.argv[1]), print=None)
+web.run_app(app, host="127.0.0.1", port=int(sys.argv[-1]), print=None)
 """
 
 
-def test_a_500_on_server_info_fails_the_run_naming_it(
-    variant, workload, tmp_path, monkeypatch
-):
+def test_a_500_on_server_info_fails_the_run_naming_it(variant, workload, tmp_path):
     script = tmp_path / "server_info_fails.py"
     script.write_text(SERVER_INFO_FAILS)
-    monkeypatch.setattr(
-        "serving_study.measure.server_start.server_argv",
-        lambda engine, variant, arm, port: [sys.executable, str(script), str(port)],
-    )
     before = live_descendants()
-    metrics = run(variant, workload, tmp_path / "run", arm=arm_with(requests=8))
+    metrics = run(
+        variant,
+        workload,
+        tmp_path / "run",
+        arm=arm_with(requests=8),
+        argv=[sys.executable, str(script)],
+    )
     assert metrics["valid"] is False
     assert metrics["invalid_reasons"] == [
         "the server answered GET /server_info with HTTP 500 "

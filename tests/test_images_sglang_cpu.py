@@ -18,7 +18,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from study_helpers import docker, snakemake_command
+from study_helpers import assert_ran_as_planned, docker, snakemake_command
 
 from serving_study.config.platform import (
     CPU_PLATFORM,
@@ -26,8 +26,7 @@ from serving_study.config.platform import (
     GPU_PLATFORM,
 )
 from serving_study.files import file_sha256
-from serving_study.servers.container_commands import container_options
-from serving_study.servers.sglang_commands import image_engine
+from serving_study.launch.sglang import image_engine
 from serving_study.sources.images import (
     ENGINES,
     ImageBuildFailed,
@@ -319,23 +318,6 @@ def test_the_wheels_must_match_the_lock_one_for_one():
         )
 
 
-# --- The containers' GPUs ------------------------------------------------------------
-
-
-def test_gpus_auto_follows_whether_the_platform_wants_them(tmp_path):
-    manifest = tmp_path / "manifest.json"
-    manifest.write_text(json.dumps({"images": [{"width": 64, "height": 64}]}))
-
-    def gpus(platform) -> str:
-        return container_options(CONTAINER_SETTINGS, platform, 4, manifest)["gpus"]
-
-    assert gpus(CPU_PLATFORM) == "none"
-    assert gpus(GPU_PLATFORM) == "all"
-    assert gpus(None) == "none"  # the embedded engine
-    fixed = CONTAINER_SETTINGS | {"gpus": "device=1"}
-    assert container_options(fixed, CPU_PLATFORM, 4, manifest)["gpus"] == "device=1"
-
-
 # --- The workflow's plan -----------------------------------------------------------
 
 
@@ -458,7 +440,8 @@ def test_the_real_server_serves_every_arm_in_its_container(container_study):
         metrics = json.loads((run / "metrics.json").read_text())
         provenance = json.loads((run / "provenance.json").read_text())
         assert metrics["valid"], metrics["invalid_reasons"]
-        argv = provenance["container_argv"]
+        argv = provenance["runtime_argv"]
+        assert_ran_as_planned(container_study, "test-sglang-cpu-docker", arm)
         assert argv[:2] == ["docker", "run"] and "sglang.launch_server" in argv
         assert "--gpus" not in argv
         assert any(item.endswith(":ro") for item in argv)  # the model, read-only

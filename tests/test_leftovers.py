@@ -189,12 +189,12 @@ def test_a_dead_owners_group_is_emptied_and_removed_a_live_owners_kept():
 RUNNER = """
 import json, os, sys, time
 from pathlib import Path
+from serving_study.launch.plan import process_plan
 from serving_study.servers.leftovers import owned_name
 from serving_study.servers.local_runtime import LocalServer
 
 server = LocalServer(
-    ["sleep", "600"], dict(os.environ), 0.5, owned_name("killed-runner"),
-    Path(sys.argv[1]), quota_during_startup=True,
+    process_plan(["sleep", "600"], 0.5), owned_name("killed-runner"), Path(sys.argv[1])
 )
 server.start()
 print(json.dumps({"server": server.pid, "group": str(server.group.cpu_directory)}),

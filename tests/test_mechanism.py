@@ -17,15 +17,16 @@ import uuid
 
 import pytest
 import torch
-from study_helpers import needs_cgroups, prompted_child, thread_cpu_window
+from study_helpers import arm_record, needs_cgroups, prompted_child, thread_cpu_window
 
+from serving_study.config.records import ServerSettings, Variant
 from serving_study.engine.__main__ import parse_arguments, start_scheduler_early
 from serving_study.engine.protocol import SHM, FeaturePayload, SubmitRequest, TokenBatch
 from serving_study.engine.segments import unlink_segment
 from serving_study.engine.shm_loader import load_shm_pointer_class
+from serving_study.launch.embedded import embedded_command
 from serving_study.measure.thread_cpu import CLOCK_TICKS_PER_SECOND, ThreadCpuUsage
 from serving_study.servers.cgroups import CpuQuotaGroup, wrap_command
-from serving_study.servers.commands import embedded_server_argv
 
 # --- 1. The copy's thread fan-out under a quota ----------------------------------
 
@@ -139,12 +140,15 @@ DECODE_STEP_ALLOWANCE_MS = 5
 def test_stand_in_takes_the_configured_prefill_and_decode_times(
     transport_sources_0_5_23,
 ):
-    argv = embedded_server_argv(
-        sglang_python_root=str(transport_sources_0_5_23),
-        port=30000,
-        transport="cpu",
-        settings=EMBEDDED_ENGINE,
+    server = ServerSettings.from_config(
+        {"engine": "embedded", "runtime": "local", "embedded_engine": EMBEDDED_ENGINE}
     )
+    variant = {"name": "v", "mm_utils_sha256": "0" * 64}
+    variant["sglang_python_root"] = str(transport_sources_0_5_23)
+    command = embedded_command(
+        server, arm_record(transport="cpu"), Variant.from_identity(variant)
+    )
+    argv = [*command.argv, "--port", "30000"]
     config = parse_arguments(argv[argv.index("serving_study.engine") + 1 :])
     _, process, connection = start_scheduler_early(config)
     pointer_class = load_shm_pointer_class(transport_sources_0_5_23)

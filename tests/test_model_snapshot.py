@@ -17,7 +17,7 @@ import pytest
 import yaml
 from study_helpers import snakemake_command
 
-from serving_study.servers.sglang_commands import model_folder_name
+from serving_study.launch.sglang import model_folder_name
 from serving_study.sources import model_snapshot
 from serving_study.sources.model_snapshot import (
     HUGGINGFACE_HUB_PIN,

@@ -12,6 +12,7 @@ import time
 import psutil
 import pytest
 
+from serving_study.launch.plan import process_plan
 from serving_study.servers.local_runtime import LocalServer
 
 pytestmark = pytest.mark.skipif(
@@ -43,15 +44,15 @@ if __name__ == "__main__":
 def started_server(tmp_path, scope: str) -> LocalServer:
     script = tmp_path / "fake_server.py"
     script.write_text(FAKE_SERVER)
-    server = LocalServer(
+    plan = process_plan(
         [sys.executable, str(script)],
-        dict(os.environ),
         0.5,
-        f"scope-test-{scope}-{os.getpid()}",
-        tmp_path / "server.log",
-        quota_during_startup=False,
-        quota_scope=scope,
-        terminate_leader_only=True,
+        timing="healthy",
+        scope=scope,
+        stop_leader_only=True,
+    )
+    server = LocalServer(
+        plan, f"scope-test-{scope}-{os.getpid()}", tmp_path / "server.log"
     )
     server.start()
     deadline = time.monotonic() + 30
@@ -105,13 +106,9 @@ def test_a_server_without_model_processes_cannot_take_the_main_process_scope(
     script = tmp_path / "plain.py"
     script.write_text("import time\nprint('ready', flush=True)\ntime.sleep(600)\n")
     server = LocalServer(
-        [sys.executable, str(script)],
-        dict(os.environ),
-        0.5,
+        process_plan([sys.executable, str(script)], 0.5, scope="main_process"),
         f"scope-test-plain-{os.getpid()}",
         tmp_path / "server.log",
-        quota_during_startup=True,
-        quota_scope="main_process",
     )
     server.start()
     try:

@@ -115,6 +115,7 @@ def test_what_a_caller_leaves_out_is_the_schemas_default():
         }
     )
     assert arm.output_tokens == property_schema("arms", "output_tokens")["default"]
+    assert arm.quota_timing == property_schema("arms", "quota_timing")["default"]
     assert arm.intra_op_threads is None
     with pytest.raises(ValueError, match="arms lacks variant, workload"):
         Arm.from_config({"name": "A", "cpu_quota": 1, "concurrency": 1, "requests": 1})
@@ -123,8 +124,12 @@ def test_what_a_caller_leaves_out_is_the_schemas_default():
 def test_no_code_default_disagrees_with_the_schema():
     """The records supply what the schema says: the code states no other value."""
     for server in (LocalServer, ContainerServer):
-        startup = inspect.signature(server).parameters["quota_during_startup"]
-        assert startup.default is inspect.Parameter.empty, server
+        # A runtime takes its quota and its timing from the plan alone.
+        assert list(inspect.signature(server).parameters) == [
+            "plan",
+            "group_name",
+            "log_path",
+        ]
     timeout = inspect.signature(run_load).parameters["request_timeout_s"]
     assert timeout.default is inspect.Parameter.empty
     dtype = property_schema("sglang", "tiny_model", "dtype")["default"]

@@ -94,8 +94,10 @@ def test_an_added_arm_plans_its_runs_alone(measured_study, tmp_path):
     jobs = planned_jobs(measured_study, edited_config(tmp_path, add_arm))
     assert runs(jobs) == {"experiment=test-embedded, arm=original-again, run=1"}
     assert ("arm_preflight", "experiment=test-embedded, arm=original-again") in jobs
+    assert ("launch_plan", "experiment=test-embedded, arm=original-again") in jobs
     assert {rule for rule, _ in jobs} == {
         "arm_preflight",
+        "launch_plan",
         "run_arm",
         "aggregate",
         "report_html",
@@ -110,6 +112,8 @@ def test_an_arm_changed_plans_only_its_own_runs(measured_study, tmp_path):
     jobs = planned_jobs(measured_study, edited_config(tmp_path, change_patched))
     assert runs(jobs) == {"experiment=test-embedded, arm=patched, run=1"}
     assert ("preflight", "experiment=test-embedded") not in jobs
+    plans = {wildcards for rule, wildcards in jobs if rule == "launch_plan"}
+    assert plans == {"experiment=test-embedded, arm=patched"}
 
 
 def test_a_workload_changed_plans_the_runs_that_replay_it(measured_study, tmp_path):

@@ -10,9 +10,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from study_helpers import arm_record, snakemake_command
+from study_helpers import arm_record, container_plan, snakemake_command
 
-from serving_study.config.platform import GPU_PLATFORM
 from serving_study.config.records import (
     Arm,
     ClientSettings,
@@ -20,14 +19,20 @@ from serving_study.config.records import (
     ServerSettings,
     Variant,
 )
-from serving_study.config.secrets import SecretNotSet, has_credentials, is_secret
+from serving_study.config.secrets import (
+    REDACTED,
+    SecretNotSet,
+    has_credentials,
+    is_secret,
+    redacted_check,
+)
 from serving_study.config.validation import ConfigError, check_config
+from serving_study.launch.engines import launch_plan
+from serving_study.launch.plan import process_plan
 from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.run_outputs import RunPaths
 from serving_study.servers.container_commands import run_command
-from serving_study.servers.environment import REDACTED, redacted_check
 from serving_study.servers.host import unmet_needs
-from serving_study.servers.sglang_commands import arm_launch_commands
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"
@@ -188,37 +193,35 @@ def test_snakemake_refuses_a_config_with_secrets_and_writes_nothing_of_them(
 
 
 def test_a_container_gets_a_secret_by_name_only():
-    argv = run_command(
-        runtime="docker",
-        image="sha256:" + "a" * 64,
-        command=["true"],
-        name="n",
-        label="n",
+    plan = container_plan(
+        ["true"],
+        "sha256:" + "a" * 64,
         environment={"OMP_NUM_THREADS": "8"},
-        passed_environment=["HF_TOKEN", PLAIN_NAME],
-        quota_cores=None,
-        shm_size="1024m",
+        secret_environment=("HF_TOKEN", PLAIN_NAME),
     )
+    argv = run_command(plan, "n", "n")
     environment = [argv[i + 1] for i, item in enumerate(argv) if item == "--env"]
     assert environment == ["OMP_NUM_THREADS=8", "HF_TOKEN", PLAIN_NAME]
 
 
-def test_launch_commands_name_the_arms_secrets():
+def test_a_launch_plan_names_the_arms_secrets(tmp_path):
     config = check(shipped("config/p4.yaml"))
     arm = Arm.from_config(config["arms"][0] | {"secret_environment": ["HF_TOKEN"]})
-    launch = arm_launch_commands(
-        experiment="p4",
-        arm=arm,
-        sglang_settings=config["sglang"],
-        runtime="docker",
-        model_host_path="/data/qwen",
-        quota_during_startup=False,
-        platform=GPU_PLATFORM,
+    (tmp_path / "image.iid").write_text("sha256:" + "a" * 64)
+    manifest = tmp_path / "manifest.json"
+    manifest.write_text(json.dumps({"images": [{"width": 64, "height": 64}]}))
+    server = ServerSettings.from_config(
+        config,
+        image_id_file=tmp_path / "image.iid",
+        model_snapshot={"path": "/data/qwen"},
     )
-    container = launch["container_argv"]
+    variant = {"name": "v", "sglang_python_root": "/v", "mm_utils_sha256": "0" * 64}
+    plan = launch_plan(server, arm, Variant.from_identity(variant), manifest)
+    container = run_command(plan, "n", "n")
     assert container[container.index("HF_TOKEN") - 1] == "--env"
-    assert launch["secret_environment"] == ["HF_TOKEN"]
-    assert "HF_TOKEN" not in launch["environment"]
+    record = plan.record()
+    assert record["secret_environment"] == ["HF_TOKEN"]
+    assert "HF_TOKEN" not in record["environment"]
 
 
 def test_records_show_that_a_secret_arrived_never_its_value():
@@ -257,9 +260,7 @@ def test_the_runner_starts_nothing_without_a_named_secret(monkeypatch, tmp_path)
             run=1,
             variant=Variant.from_identity(variant),
             workload_manifest=tmp_path / "no-manifest.json",
-            server_settings=ServerSettings.from_config(
-                {"engine": "embedded", "runtime": "local"}
-            ),
+            plan=process_plan(["true"]),
             client=ClientSettings.from_config({}),
             monitors=MonitorSettings.from_config({}),
             paths=RunPaths.in_directory(tmp_path),

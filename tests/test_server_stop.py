@@ -6,6 +6,7 @@ SGLang servers SIGINT (to the main process, which stops its children itself) and
 every other server SIGTERM (to its whole process group).
 """
 
+import dataclasses
 import os
 import signal
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from serving_study.launch.plan import ContainerOptions, process_plan
 from serving_study.servers.container_commands import run_command
 from serving_study.servers.local_runtime import LocalServer
 
@@ -45,19 +47,26 @@ if __name__ == "__main__":
 
 
 @contextmanager
-def ready_server(tmp_path, program: str, label: str, quota_cores=None, **stop_settings):
+def ready_server(
+    tmp_path,
+    program: str,
+    label: str,
+    quota_cores=None,
+    terminate_leader_only=False,
+    stop_signal=signal.SIGTERM,
+):
     """A LocalServer running ``program`` (under ``quota_cores`` from its start),
     once it printed "ready"; stopped on exit."""
     script = tmp_path / "server.py"
     script.write_text(program)
-    server = LocalServer(
+    plan = process_plan(
         [sys.executable, str(script)],
-        dict(os.environ),
         quota_cores,
-        f"stop-test-{os.getpid()}-{label}",
-        tmp_path / "server.log",
-        quota_during_startup=quota_cores is not None,
-        **stop_settings,
+        stop_leader_only=terminate_leader_only,
+    )
+    plan = dataclasses.replace(plan, stop_signal=stop_signal.name)
+    server = LocalServer(
+        plan, f"stop-test-{os.getpid()}-{label}", tmp_path / "server.log"
     )
     server.start()
     try:
@@ -122,21 +131,18 @@ def test_a_server_stops_without_its_quota(tmp_path):
     assert "quota at stop: null" in (tmp_path / "server.log").read_text()
 
 
-def test_a_container_is_stopped_with_the_signal_it_was_given():
-    container = {
-        "runtime": "docker",
-        "image": "sha256:" + "0" * 64,
-        "command": ["python3", "-m", "sglang.launch_server"],
-        "name": "serving-study-stop",
-        "label": "stop",
-        "environment": {},
-        "quota_cores": None,
-        "shm_size": None,
-    }
-    argv = run_command(**container, stop_signal="SIGINT")
-    assert argv[argv.index("--stop-signal") + 1] == "SIGINT"
-    assert argv.index("--stop-signal") < argv.index("--")
-    assert "--stop-signal" not in run_command(**container)
+def test_a_container_is_stopped_with_the_signal_its_plan_gives():
+    container = ContainerOptions(
+        "docker", "sha256:" + "0" * 64, None, True, None, (), ()
+    )
+    plan = process_plan(["python3", "-m", "sglang.launch_server"])
+    for stop_signal in ("SIGINT", "SIGTERM"):
+        planned = dataclasses.replace(
+            plan, container=container, stop_signal=stop_signal
+        )
+        argv = run_command(planned, "serving-study-stop", "stop")
+        assert argv[argv.index("--stop-signal") + 1] == stop_signal
+        assert argv.index("--stop-signal") < argv.index("--")
 
 
 # Like SGLang's stop: the main process kills its children, Python's resource

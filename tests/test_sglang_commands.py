@@ -1,11 +1,12 @@
-"""Every real SGLang arm's command line: built from config as the study ran it, and
+"""Every real SGLang arm's launch plan: built from config as the study ran it, and
 accepted by SGLang 0.5.23's own argument parser.
 
-The parser runs in a virtual environment of its own, with SGLang 0.5.23 installed
-without its GPU dependencies plus the few packages its import needs (about 2.3 GB,
-built once into pytest's cache directory, about 1-4 minutes on a cold cache). The
-argv lists it checks are the ones the ``commands`` rule wrote, for every arm of
-every GPU experiment.
+The parser runs in the real server's CPU runtime (built once per CI run for the
+tests of the real server), with the release's source on its path. The argv lists
+it checks are the plans' commands, for every arm of every GPU experiment, built by
+the function the ``launch_plan`` rule calls (a GPU experiment's images and model
+cannot be made on a host without a GPU; tests/test_workflow_sglang_cpu.py runs
+the rule itself, and every run starts the plan it wrote).
 """
 
 import argparse
@@ -13,36 +14,31 @@ import contextlib
 import io
 import json
 import os
-import re
 import subprocess
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import yaml
-from study_helpers import snakemake_command
 
 from serving_study.config.platform import (
     CPU_PLATFORM,
-    GPU_PLATFORM,
     PROJECT_ROOT,
     compile_cache,
+    platform_for,
     python_path,
 )
-from serving_study.config.records import Arm
+from serving_study.config.records import Arm, ServerSettings, Variant
 from serving_study.config.server_arguments import (
     FLAGS_FROM_CONFIG,
     FLAGS_HIDING_ARGUMENTS,
     server_argument_conflicts,
 )
 from serving_study.config.validation import check_config
-from serving_study.servers.sglang_commands import (
-    ServerArgumentConflict,
-    arm_launch_commands,
-    container_model_path,
-    model_flags,
-    sglang_server_argv,
-    sglang_server_environment,
-)
+from serving_study.launch.engines import launch_plan
+from serving_study.launch.plan import LaunchPlan
+from serving_study.launch.sglang import ServerArgumentConflict
+from serving_study.servers.container_commands import run_command
 
 ROOT = Path(__file__).resolve().parents[1]
 GPU_EXPERIMENTS = ("b1", "p4", "p5", "p6b")
@@ -51,6 +47,11 @@ GPU_EXPERIMENTS = ("b1", "p4", "p5", "p6b")
 RADIX_CACHE_OFF = {"b1": True, "p4": True, "p5": False, "p6b": True}
 THREAD_CAPPED_ARMS = {("b1", "B"), ("b1", "D"), ("p6b", "omp-8")}
 MODEL_PATH = "/models/Qwen--Qwen3-VL-4B-Instruct"
+IMAGE_ID = "sha256:" + "e" * 64
+# The arms' variant as their plans read it: no patch, a tree of its own.
+VARIANT = Variant.from_identity(
+    {"name": "v", "sglang_python_root": "/v/python", "mm_utils_sha256": "0" * 64}
+)
 
 # Runs inside the parser's environment: {case: arguments} on stdin, {case: what
 # SGLang resolved, or the parser's error} on stdout.
@@ -92,14 +93,57 @@ def every_arm() -> list:
     ]
 
 
+@pytest.fixture(scope="module")
+def files(tmp_path_factory) -> SimpleNamespace:
+    """What a plan reads besides the config: the image id a build wrote, and a
+    workload manifest."""
+    directory = tmp_path_factory.mktemp("plan-files")
+    (directory / "image.iid").write_text(IMAGE_ID)
+    manifest = directory / "manifest.json"
+    manifest.write_text(json.dumps({"images": [{"width": 512, "height": 512}]}))
+    return SimpleNamespace(image=directory / "image.iid", manifest=manifest)
+
+
+def plan_of(
+    experiment: str,
+    arm: Arm,
+    files: SimpleNamespace,
+    *,
+    runtime: str = "docker",
+    device: str = "cuda",
+    model_path: str = "/data/qwen",
+    tiny: bool = False,
+    sglang: dict | None = None,
+    port: int = 30000,
+) -> LaunchPlan:
+    """The arm's plan as the experiment's ``launch_plan`` job builds it, here with
+    the given runtime, device, model snapshot and sglang settings."""
+    config = experiment_config(experiment)
+    settings = config["sglang"] | {"device": device} | (sglang or {})
+    snapshot = {"path": model_path}
+    if tiny:
+        snapshot |= {"load_format": "dummy", "settings": {"dtype": "float32"}}
+    server = ServerSettings.from_config(
+        config | {"runtime": runtime, "sglang": settings},
+        image_id_file=files.image,
+        model_snapshot=snapshot,
+        runtime_python="/runtime/venv/bin/python",
+    )
+    return launch_plan(server, arm, VARIANT, files.manifest, port=port)
+
+
+def first_arm(experiment: str, **fields) -> Arm:
+    return Arm.from_config(experiment_config(experiment)["arms"][0] | fields)
+
+
 def flag_values(argv: list[str], flag: str) -> list[str]:
     return [argv[index + 1] for index, item in enumerate(argv) if item == flag]
 
 
 @pytest.mark.parametrize("experiment, arm", every_arm())
-def test_every_arm_spells_out_transport_and_caches(experiment, arm):
-    settings = experiment_config(experiment)["sglang"]
-    argv = sglang_server_argv(arm, settings, MODEL_PATH, 30000, GPU_PLATFORM)
+def test_every_arm_spells_out_transport_and_caches(experiment, arm, files):
+    plan = plan_of(experiment, arm, files)
+    argv = plan.command()
 
     assert argv[:3] == ["python3", "-m", "sglang.launch_server"]
     assert flag_values(argv, "--mm-feature-transport") == [arm.transport]
@@ -109,12 +153,12 @@ def test_every_arm_spells_out_transport_and_caches(experiment, arm):
     assert flag_values(argv, "--port") == ["30000"]
     assert flag_values(argv, "--host") == ["127.0.0.1"]
     assert flag_values(argv, "--served-model-name") == ["Qwen/Qwen3-VL-4B-Instruct"]
+    assert plan.container.image == IMAGE_ID and plan.container.gpus == "all"
 
 
 @pytest.mark.parametrize("experiment, arm", every_arm())
-def test_every_arm_turns_the_environment_only_caches_off(experiment, arm):
-    settings = experiment_config(experiment)["sglang"]
-    environment = sglang_server_environment(arm, settings, GPU_PLATFORM, False)
+def test_every_arm_turns_the_environment_only_caches_off(experiment, arm, files):
+    environment = plan_of(experiment, arm, files).environment
 
     assert environment["SGLANG_VLM_CACHE_SIZE_MB"] == "0"
     assert environment["SGLANG_MM_FEATURE_CACHE_MB"] == "1024"
@@ -123,39 +167,33 @@ def test_every_arm_turns_the_environment_only_caches_off(experiment, arm):
     assert environment.get("OMP_NUM_THREADS") == ("8" if capped else None)
 
 
-def test_both_transports_are_explicit_even_where_sglang_would_choose():
+def test_both_transports_are_explicit_even_where_sglang_would_choose(files):
     arms = map(Arm.from_config, experiment_config("p4")["arms"])
-    settings = experiment_config("p4")["sglang"]
     transports = {
-        arm.name: flag_values(
-            sglang_server_argv(arm, settings, MODEL_PATH, 1, GPU_PLATFORM),
-            "--mm-feature-transport",
-        )
+        arm.name: flag_values(plan_of("p4", arm, files).argv, "--mm-feature-transport")
         for arm in arms
     }
     assert transports["cpu-c16"] == ["cpu"]
     assert transports["ipc-c16"] == ["cuda_ipc"]
 
 
-def test_memory_settings_then_extra_then_arm_arguments():
-    settings = experiment_config("p4")["sglang"] | {
-        "mem_fraction_static": 0.8,
-        "max_total_tokens": 200000,
-        "served_model_name": "qwen3-vl",
-        "extra_server_args": ["--cuda-graph-max-bs", "16"],
-    }
-    arm = Arm.from_config(
-        experiment_config("p4")["arms"][0]
-        | {"server_args": ["--max-running-requests", "16"]}
-    )
-    argv = sglang_server_argv(
-        arm, settings, MODEL_PATH, 31000, GPU_PLATFORM, python="/venv/python"
-    )
+MEMORY_AND_EXTRA = {
+    "mem_fraction_static": 0.8,
+    "max_total_tokens": 200000,
+    "served_model_name": "qwen3-vl",
+    "extra_server_args": ["--cuda-graph-max-bs", "16"],
+}
 
-    assert argv[0] == "/venv/python"
+
+def test_memory_settings_then_extra_then_arm_arguments(files):
+    arm = first_arm("p4", server_args=["--max-running-requests", "16"])
+    plan = plan_of("p4", arm, files, sglang=MEMORY_AND_EXTRA)
+    argv = list(plan.argv)
+
     assert flag_values(argv, "--mem-fraction-static") == ["0.8"]
     assert flag_values(argv, "--max-total-tokens") == ["200000"]
     assert flag_values(argv, "--served-model-name") == ["qwen3-vl"]
+    assert plan.served_model_name == "qwen3-vl"
     assert argv[-4:] == ["--cuda-graph-max-bs", "16", "--max-running-requests", "16"]
 
 
@@ -164,17 +202,16 @@ def test_memory_settings_then_extra_then_arm_arguments():
     [
         (["--mm-feature-transport", "cuda_ipc"], [], "arms[].transport"),
         ([], ["--disable-radix-cache"], "sglang.disable_radix_cache"),
-        (["--port=31000"], [], "sglang.port"),
+        (["--port=31000"], [], "the runner"),
         ([], ["--mem-fraction-static", "0.5"], "sglang.mem_fraction_static"),
     ],
 )
-def test_extra_arguments_may_not_override_a_config_key(extra, arm_arguments, named):
-    settings = experiment_config("p4")["sglang"] | {"extra_server_args": extra}
-    arm = Arm.from_config(
-        experiment_config("p4")["arms"][0] | {"server_args": arm_arguments}
-    )
+def test_extra_arguments_may_not_override_a_config_key(
+    extra, arm_arguments, named, files
+):
+    arm = first_arm("p4", server_args=arm_arguments)
     with pytest.raises(ServerArgumentConflict, match=named.replace("[", r"\[")):
-        sglang_server_argv(arm, settings, MODEL_PATH, 30000, GPU_PLATFORM)
+        plan_of("p4", arm, files, sglang={"extra_server_args": extra})
 
 
 # Spellings SGLang's parser (argparse, abbreviations allowed) takes for a flag
@@ -193,21 +230,18 @@ ABBREVIATED_FLAGS = [
 
 @pytest.mark.parametrize("arguments, flag", ABBREVIATED_FLAGS)
 @pytest.mark.parametrize("where", ["extra_server_args", "server_args"])
-def test_every_spelling_of_a_flag_from_config_is_refused(arguments, flag, where):
-    config = experiment_config("p4")
-    settings, arm = config["sglang"], config["arms"][0]
+def test_every_spelling_of_a_flag_from_config_is_refused(arguments, flag, where, files):
+    arm, extra = first_arm("p4"), {}
     given = ["--cuda-graph-max-bs", "16", *arguments]
     if where == "extra_server_args":
-        settings = settings | {"extra_server_args": given}
+        extra = {"extra_server_args": given}
         named = "sglang.extra_server_args[2]"
     else:
-        arm = arm | {"server_args": given}
-        named = f"arms[{arm['name']}].server_args[2]"
+        arm = first_arm("p4", server_args=given)
+        named = f"arms[{arm.name}].server_args[2]"
 
     with pytest.raises(ServerArgumentConflict) as raised:
-        sglang_server_argv(
-            Arm.from_config(arm), settings, MODEL_PATH, 30000, GPU_PLATFORM
-        )
+        plan_of("p4", arm, files, sglang=extra)
 
     message = str(raised.value)
     assert message.startswith(f"{named}: {arguments[0]!r} sets {flag}, which ")
@@ -244,138 +278,41 @@ def test_arguments_that_set_no_flag_from_config_pass():
     assert server_argument_conflicts(arguments, "sglang.extra_server_args") == []
 
 
-def test_the_quota_is_in_the_container_argv_only_when_given_at_start():
-    config = experiment_config("b1")
-    launch = {
-        quota_during_startup: arm_launch_commands(
-            experiment="b1",
-            arm=Arm.from_config(config["arms"][1]),
-            sglang_settings=config["sglang"],
-            runtime="docker",
-            model_host_path="/data/qwen",
-            quota_during_startup=quota_during_startup,
-            platform=GPU_PLATFORM,
+def test_the_quota_is_in_the_container_argv_only_when_given_at_start(files):
+    arm = experiment_config("b1")["arms"][1]
+    run = {
+        timing: run_command(
+            plan_of("b1", Arm.from_config(arm | {"quota_timing": timing}), files),
+            "n",
+            "n",
         )
-        for quota_during_startup in (True, False)
+        for timing in ("start", "healthy")
     }
-    assert flag_values(launch[True]["container_argv"], "--cpus") == ["13.6"]
-    assert "--cpus" not in launch[False]["container_argv"]
-    assert launch[True]["environment"]["OMP_NUM_THREADS"] == "8"
-    assert "OMP_NUM_THREADS=8" in flag_values(launch[True]["container_argv"], "--env")
+    assert flag_values(run["start"], "--cpus") == ["13.6"]
+    assert "--cpus" not in run["healthy"]
+    assert "OMP_NUM_THREADS=8" in flag_values(run["start"], "--env")
 
 
-def test_a_hugging_face_cache_snapshot_is_mounted_with_its_blobs():
-    config = experiment_config("p4")
+def test_a_hugging_face_cache_snapshot_is_mounted_with_its_blobs(files):
     cache = "/data/hf/hub/models--Qwen--Qwen3-VL-4B-Instruct"
-    launch = arm_launch_commands(
-        experiment="p4",
-        arm=Arm.from_config(config["arms"][0]),
-        sglang_settings=config["sglang"],
-        runtime="docker",
-        model_host_path=f"{cache}/snapshots/{'a' * 40}",
-        quota_during_startup=False,
-        platform=GPU_PLATFORM,
-    )
-    assert flag_values(launch["container_argv"], "--volume")[0] == (
+    snapshot = f"{cache}/snapshots/{'a' * 40}"
+    plan = plan_of("p4", first_arm("p4"), files, model_path=snapshot)
+    assert plan.container.read_only_mounts[0] == (cache, MODEL_PATH)
+    assert flag_values(run_command(plan, "n", "n"), "--volume")[0] == (
         f"{cache}:{MODEL_PATH}:ro"
     )
-    assert flag_values(launch["server_argv"], "--model-path") == [
+    assert flag_values(plan.argv, "--model-path") == [
         f"{MODEL_PATH}/snapshots/{'a' * 40}"
     ]
 
 
-def test_a_local_server_loads_the_model_from_its_host_path():
-    config = experiment_config("p6b")
-    launch = arm_launch_commands(
-        experiment="p6b",
-        arm=Arm.from_config(config["arms"][0]),
-        sglang_settings=config["sglang"],
-        runtime="local",
-        model_host_path="/data/qwen",
-        quota_during_startup=False,
-        platform=GPU_PLATFORM,
-    )
-    assert launch["container_argv"] is None
-    assert flag_values(launch["server_argv"], "--model-path") == ["/data/qwen"]
+def test_a_local_server_loads_the_model_from_its_host_path(files):
+    plan = plan_of("p6b", first_arm("p6b"), files, runtime="local")
+    assert plan.container is None
+    assert flag_values(plan.argv, "--model-path") == ["/data/qwen"]
 
 
-# --- the commands rule and SGLang's own parser ---------------------------------
-
-
-def start_commands_rule(workdir: Path, experiment: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        snakemake_command(
-            workdir,
-            "--cores",
-            "1",
-            "commands",
-            config=ROOT / "config" / f"{experiment}.yaml",
-        ),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-
-
-@pytest.fixture(scope="module")
-def written_commands(tmp_path_factory) -> dict[str, dict[str, dict]]:
-    """experiment -> arm -> the JSON the ``commands`` rule wrote for it (the four
-    experiments at once, each in its own working directory)."""
-    workdirs = {name: tmp_path_factory.mktemp(name) for name in GPU_EXPERIMENTS}
-    runs = {name: start_commands_rule(workdirs[name], name) for name in workdirs}
-    outputs = {}
-    try:
-        for name, run in runs.items():
-            outputs[name] = run.communicate(timeout=600)[0]
-    finally:
-        for run in runs.values():
-            if run.poll() is None:
-                run.kill()
-                run.wait()
-    for name, run in runs.items():
-        assert run.returncode == 0, f"{name}:\n{outputs[name][-3000:]}"
-    written = {}
-    for name, workdir in workdirs.items():
-        directory = workdir / "results" / name / "commands"
-        written[name] = {
-            path.stem: json.loads(path.read_text())
-            for path in sorted(directory.glob("*.json"))
-        }
-    return written
-
-
-def test_the_rule_writes_every_arm_with_its_container(written_commands):
-    for experiment in GPU_EXPERIMENTS:
-        config = experiment_config(experiment)
-        arms = {arm["name"]: Arm.from_config(arm) for arm in config["arms"]}
-        assert set(written_commands[experiment]) == set(arms)
-        for name, commands in written_commands[experiment].items():
-            arm = arms[name]
-            model_path = container_model_path(config["sglang"]["model"])
-            assert commands["server_argv"] == sglang_server_argv(
-                arm, config["sglang"], model_path, 30000, GPU_PLATFORM
-            )
-            container = commands["container_argv"]
-            assert container[:2] == ["docker", "run"]
-            assert container[-len(commands["server_argv"]) :] == commands["server_argv"]
-            assert "--ipc=host" in container and "--network=host" in container
-            assert flag_values(container, "--gpus") == ["all"]
-            assert flag_values(container, "--stop-signal") == ["SIGINT"]
-            assert "localhost/serving-study-sglang:" + arm.variant in container
-            # The runner puts the quota in force once the server is healthy.
-            assert commands["quota_cores"] == 13.6
-            assert commands["quota_from"] == "healthy"
-            assert "--cpus" not in container
-            model_mount, compile_cache_mount = flag_values(container, "--volume")
-            host_path = commands["model"]["host_path"]
-            assert model_mount == f"{host_path}:{model_path}:ro"
-            assert compile_cache_mount.endswith(":rw")
-            assert re.search(
-                r"resources/models/Qwen--Qwen3-VL-4B-Instruct-[0-9a-f]{12}/snapshot$",
-                host_path,
-            )
-            for variable, value in commands["environment"].items():
-                assert f"{variable}={value}" in flag_values(container, "--env")
+# --- SGLang's own parser -------------------------------------------------------------
 
 
 @pytest.fixture(scope="session")
@@ -407,16 +344,22 @@ def server_arguments(server_argv: list[str]) -> list[str]:
     return server_argv[3:]
 
 
-def memory_and_extra_arguments() -> list[str]:
-    config = experiment_config("p5")
-    settings = config["sglang"] | {
+def every_arms_plan(files) -> dict[str, LaunchPlan]:
+    return {
+        f"{experiment}/{arm.name}": plan_of(experiment, arm, files)
+        for experiment in GPU_EXPERIMENTS
+        for arm in map(Arm.from_config, experiment_config(experiment)["arms"])
+    }
+
+
+def memory_and_extra_arguments(files) -> list[str]:
+    settings = {
         "mem_fraction_static": 0.75,
         "max_total_tokens": 150000,
         "extra_server_args": ["--max-running-requests", "32"],
     }
-    return sglang_server_argv(
-        Arm.from_config(config["arms"][1]), settings, MODEL_PATH, 30001, GPU_PLATFORM
-    )
+    arm = Arm.from_config(experiment_config("p5")["arms"][1])
+    return plan_of("p5", arm, files, sglang=settings, port=30001).command()
 
 
 # What SGLang lacks must fail, as it would on a GPU host.
@@ -427,36 +370,32 @@ UNKNOWN_TO_SGLANG = {
 
 
 @pytest.fixture(scope="module")
-def sglang_answers(written_commands, sglang_parser) -> dict[str, dict]:
-    """SGLang's parser on every written arm and the cases below, in one process
+def sglang_answers(files, sglang_parser) -> dict[str, dict]:
+    """SGLang's parser on every arm's plan and the cases below, in one process
     (importing SGLang takes seconds)."""
     cases = {
-        f"{experiment}/{arm}": server_arguments(commands["server_argv"])
-        for experiment, arms in written_commands.items()
-        for arm, commands in arms.items()
+        case: server_arguments(plan.command())
+        for case, plan in every_arms_plan(files).items()
     }
-    cases["memory and extra"] = server_arguments(memory_and_extra_arguments())
+    cases["memory and extra"] = server_arguments(memory_and_extra_arguments(files))
     cases |= UNKNOWN_TO_SGLANG
     answers = sglang_parses(sglang_parser, cases)
     assert set(answers) == set(cases)
     return answers
 
 
-def test_sglang_0_5_23_accepts_every_arm_as_configured(
-    written_commands, sglang_answers
-):
-    for experiment, arms in written_commands.items():
-        for arm, commands in arms.items():
-            case = f"{experiment}/{arm}"
-            answer = sglang_answers[case]
-            assert "error" not in answer, f"{case}: {answer.get('error')}"
-            resolved = answer["resolved"]
-            assert resolved["mm_feature_transport"] == commands["transport"], case
-            assert resolved["disable_radix_cache"] is RADIX_CACHE_OFF[experiment], case
-            assert resolved["mm_preprocess_cache_size_mb"] == 0, case
-            assert resolved["model_path"] == MODEL_PATH, case
-            assert resolved["served_model_name"] == "Qwen/Qwen3-VL-4B-Instruct", case
-            assert (resolved["host"], resolved["port"]) == ("127.0.0.1", 30000), case
+def test_sglang_0_5_23_accepts_every_arm_as_configured(files, sglang_answers):
+    for case, plan in every_arms_plan(files).items():
+        experiment = case.split("/")[0]
+        answer = sglang_answers[case]
+        assert "error" not in answer, f"{case}: {answer.get('error')}"
+        resolved = answer["resolved"]
+        assert resolved["mm_feature_transport"] == plan.expected.transport, case
+        assert resolved["disable_radix_cache"] is RADIX_CACHE_OFF[experiment], case
+        assert resolved["mm_preprocess_cache_size_mb"] == 0, case
+        assert resolved["model_path"] == MODEL_PATH, case
+        assert resolved["served_model_name"] == "Qwen/Qwen3-VL-4B-Instruct", case
+        assert (resolved["host"], resolved["port"]) == ("127.0.0.1", 30000), case
 
 
 def test_sglang_0_5_23_parses_memory_and_extra_arguments(sglang_answers):
@@ -543,97 +482,62 @@ def test_sglang_0_5_23_takes_abbreviated_flags_and_the_guard_knows_its_options(
 # --- one code path for CPU and GPU hosts ------------------------------------------
 
 
-def test_a_cpu_host_gets_the_cpu_engine_flags_and_dummy_weights_only_there():
-    config = experiment_config("p4")
-    arm, settings = Arm.from_config(config["arms"][0]), config["sglang"]
-    on_gpu = sglang_server_argv(arm, settings, MODEL_PATH, 30000, GPU_PLATFORM)
-    on_cpu = sglang_server_argv(
-        arm,
-        settings,
-        MODEL_PATH,
-        30000,
-        CPU_PLATFORM,
-        model_flags=model_flags("dummy", "float32"),
-    )
+def test_a_cpu_host_gets_the_cpu_engine_flags_and_dummy_weights_only_there(files):
+    arm = first_arm("p4")
+    on_gpu = plan_of("p4", arm, files)
+    on_cpu = plan_of("p4", arm, files, device="cpu", tiny=True)
 
-    assert flag_values(on_cpu, "--device") == ["cpu"]
-    assert flag_values(on_cpu, "--attention-backend") == ["torch_native"]
-    assert "--sleep-on-idle" in on_cpu and "--disable-cuda-graph" in on_cpu
-    assert flag_values(on_cpu, "--load-format") == ["dummy"]
-    assert flag_values(on_cpu, "--dtype") == ["float32"]
-    assert "--device" not in on_gpu and "--load-format" not in on_gpu
+    assert flag_values(on_cpu.argv, "--device") == ["cpu"]
+    assert flag_values(on_cpu.argv, "--attention-backend") == ["torch_native"]
+    assert "--sleep-on-idle" in on_cpu.argv and "--disable-cuda-graph" in on_cpu.argv
+    assert flag_values(on_cpu.argv, "--load-format") == ["dummy"]
+    assert flag_values(on_cpu.argv, "--dtype") == ["float32"]
+    assert "--device" not in on_gpu.argv and "--load-format" not in on_gpu.argv
     # Everything the config sets is the same on both.
     for flag in ("--mm-feature-transport", "--model-path", "--served-model-name"):
-        assert flag_values(on_cpu, flag) == flag_values(on_gpu, flag)
-    assert (
-        sglang_server_environment(arm, settings, CPU_PLATFORM, False)[
-            "SGLANG_USE_CPU_ENGINE"
-        ]
-        == "1"
-    )
-    assert "SGLANG_USE_CPU_ENGINE" not in sglang_server_environment(
-        arm, settings, GPU_PLATFORM, False
-    )
+        assert flag_values(on_cpu.argv, flag) == flag_values(on_gpu.argv, flag)
+    assert on_cpu.environment["SGLANG_USE_CPU_ENGINE"] == "1"
+    assert "SGLANG_USE_CPU_ENGINE" not in on_gpu.environment
 
 
-def test_a_cpu_container_gets_no_gpus_and_the_cpu_image():
-    config = experiment_config("b1")
-    launch = arm_launch_commands(
-        experiment="b1",
-        arm=Arm.from_config(config["arms"][0]),
-        sglang_settings=config["sglang"],
-        runtime="docker",
-        model_host_path="/data/tiny",
-        quota_during_startup=True,
-        platform=CPU_PLATFORM,
-        flags_of_model=model_flags("dummy", "float32"),
-    )
-    assert "--gpus" not in launch["container_argv"]
-    assert "localhost/serving-study-sglang-cpu:original" in launch["container_argv"]
-    assert launch["device"] == "cpu"
-    assert launch["model"]["flags"] == ["--load-format", "dummy", "--dtype", "float32"]
+def test_a_cpu_container_gets_no_gpus_and_the_variants_image(files):
+    plan = plan_of("b1", first_arm("b1"), files, device="cpu", tiny=True)
+    assert plan.container.gpus is None
+    assert "--gpus" not in run_command(plan, "n", "n")
+    assert plan.container.image == IMAGE_ID
 
 
-@pytest.mark.parametrize("platform", [CPU_PLATFORM, GPU_PLATFORM])
-def test_every_server_shares_one_compile_cache_per_kind(platform):
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_every_server_shares_one_compile_cache_per_kind(device, files):
     """Each arm's server is told the same inductor cache: a directory of this
     project on the host, mounted writable at one path inside every container."""
-    config = experiment_config("b1")
-    launches = {
-        (runtime, arm.name): arm_launch_commands(
-            experiment="b1",
-            arm=arm,
-            sglang_settings=config["sglang"],
-            runtime=runtime,
-            model_host_path="/data/tiny",
-            quota_during_startup=True,
-            platform=platform,
-        )
+    platform = platform_for(device)
+    plans = {
+        (runtime, arm.name): plan_of("b1", arm, files, runtime=runtime, device=device)
         for runtime in ("local", "docker")
-        for arm in map(Arm.from_config, config["arms"])
+        for arm in map(Arm.from_config, experiment_config("b1")["arms"])
     }
     local_cache, _ = compile_cache(platform, in_container=False)
     container_cache, inside = compile_cache(platform, in_container=True)
     assert local_cache != container_cache
     assert local_cache.parent == PROJECT_ROOT / "resources" / "compile-cache"
-    for (runtime, _), launch in launches.items():
-        told = launch["environment"]["TORCHINDUCTOR_CACHE_DIR"]
+    for (runtime, _), plan in plans.items():
+        told = plan.environment["TORCHINDUCTOR_CACHE_DIR"]
         if runtime == "local":
             assert told == str(local_cache)
         else:
             assert told == inside
-            volumes = flag_values(launch["container_argv"], "--volume")
+            volumes = flag_values(run_command(plan, "n", "n"), "--volume")
             assert f"{container_cache}:{inside}:rw" in volumes
 
 
 @pytest.mark.parametrize("flag", ["--device", "--load-format=dummy"])
-def test_the_platform_flags_cannot_be_overridden(flag):
-    settings = experiment_config("p4")["sglang"] | {"extra_server_args": [flag]}
+def test_the_platform_flags_cannot_be_overridden(flag, files):
     with pytest.raises(ServerArgumentConflict):
-        sglang_server_argv(
-            Arm.from_config(experiment_config("p4")["arms"][0]),
-            settings,
-            MODEL_PATH,
-            1,
-            CPU_PLATFORM,
+        plan_of(
+            "p4",
+            first_arm("p4"),
+            files,
+            device="cpu",
+            sglang={"extra_server_args": [flag]},
         )

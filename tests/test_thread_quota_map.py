@@ -305,7 +305,9 @@ def test_a_real_map_runs_in_blocks_with_both_variants_side_by_side(tmp_path):
             )
             for variant in ("original", "patched")
         }
-        assert servers["original"]["server_argv"] != servers["patched"]["server_argv"]
+        original, patched = (servers[v]["launch"] for v in ("original", "patched"))
+        assert original["argv"] != patched["argv"]
+        assert original["quota"]["timing"] == "healthy"
         assert max(s["started_at"] for s in servers.values()) <= cells[0]["started_at"]
         # The block held the host's measurement lock, as an arm's run does.
         assert servers["patched"]["host_lock"]["lock_file"].endswith(".lock")

@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 import yaml
-from study_helpers import leaked_segments, snakemake_command
+from study_helpers import assert_ran_as_planned, leaked_segments, snakemake_command
 
 from serving_study.config.records import HostSharing
 from serving_study.measure.host_sharing import MeasurementLock
@@ -132,6 +132,15 @@ def test_quota_and_threads_are_what_the_arm_asked_for(finished_study):
     assert free["quota_in_force"]["cores"] is None
     monitors = json.loads((results / "patched" / "run1" / "monitors.json").read_text())
     assert monitors["cgroup"]["nr_throttled"] == 0
+
+
+def test_every_run_started_its_arms_launch_plan_as_it_is(finished_study):
+    for arm in ("original", "patched"):
+        plan = assert_ran_as_planned(finished_study, EXPERIMENT, arm)
+        assert plan["engine"] == "embedded" and plan["container"] is None
+        assert "--sglang-source" in plan["argv"]
+    limited = assert_ran_as_planned(finished_study, EXPERIMENT, "original")
+    assert limited["quota"] == {"cores": 1.0, "scope": "server", "timing": "healthy"}
 
 
 def test_variants_differ_only_by_the_patch(finished_study):

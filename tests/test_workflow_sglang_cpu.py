@@ -13,7 +13,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from study_helpers import leaked_segments, snakemake_command
+from study_helpers import assert_ran_as_planned, leaked_segments, snakemake_command
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIG = ROOT / "config" / "test" / "sglang-cpu.yaml"
@@ -78,7 +78,8 @@ def test_the_server_is_sglangs_own_with_the_variants_mm_utils(finished_study):
     for arm in ARMS:
         files = run_files(finished_study, arm)
         checks, provenance = files["metrics"]["checks"], files["provenance"]
-        assert "sglang.launch_server" in provenance["server_argv"]
+        assert "sglang.launch_server" in provenance["launch"]["argv"]
+        assert_ran_as_planned(finished_study, EXPERIMENT, arm)
         assert provenance["server_info"]["version"] == "0.5.23"
         assert checks["transport_seen"] == "cpu"
         # Read from the server's main process, and the one the variant holds.

@@ -10,6 +10,8 @@ contrast is also summed up over every thread count (``contrast_by_quota``).
 
 import pandas as pd
 
+from serving_study.config.records import quota_cores
+
 CONTRAST_COLUMNS = (
     "intra_op_threads",
     "cpu_quota",
@@ -40,8 +42,8 @@ BY_QUOTA_COLUMNS = (
 
 def quota_order(quotas) -> list[str]:
     """Quotas from the smallest to none (no quota)."""
-    numbers = sorted({q for q in quotas if q != "none"}, key=float)
-    return numbers + (["none"] if "none" in set(quotas) else [])
+    numbers = sorted({q for q in quotas if quota_cores(q) is not None}, key=float)
+    return numbers + [q for q in dict.fromkeys(quotas) if quota_cores(q) is None]
 
 
 def cell_medians(cells: pd.DataFrame) -> pd.DataFrame:

@@ -113,6 +113,7 @@ class Arm:
     transport: str
     cpu_quota: float | None
     quota_scope: str
+    quota_timing: str
     environment: Mapping[str, str]
     secret_environment: tuple[str, ...]
     concurrency: int
@@ -132,6 +133,7 @@ class Arm:
             transport=str(values["transport"]),
             cpu_quota=quota_cores(values["cpu_quota"]),
             quota_scope=str(values["quota_scope"]),
+            quota_timing=str(values["quota_timing"]),
             environment={
                 str(name): str(value) for name, value in values["environment"].items()
             },
@@ -151,6 +153,7 @@ class Arm:
             "transport": self.transport,
             "cpu_quota": quota_value(self.cpu_quota),
             "quota_scope": self.quota_scope,
+            "quota_timing": self.quota_timing,
             "environment": dict(self.environment),
             "secret_environment": list(self.secret_environment),
             "concurrency": self.concurrency,
@@ -309,7 +312,6 @@ class ClientSettings:
 
     warmup_requests: int
     health_timeout_s: float
-    quota_during_startup: bool
     request_timeout_s: float
     max_dispatch_lag_ms: float
 
@@ -319,7 +321,6 @@ class ClientSettings:
         return cls(
             warmup_requests=int(values["warmup_requests"]),
             health_timeout_s=float(values["health_timeout_s"]),
-            quota_during_startup=bool(values["quota_during_startup"]),
             request_timeout_s=float(values["request_timeout_s"]),
             max_dispatch_lag_ms=float(values["max_dispatch_lag_ms"]),
         )

@@ -1,6 +1,6 @@
 """Extra server arguments may not set again what a config key already sets.
 
-The real server's command line is built from config keys (``servers.sglang_commands``);
+The real server's command line is built from config keys (``launch/sglang.py``);
 an extra argument that sets one of those flags would silently win over the key, so the
 config check refuses it before any job runs.
 """
@@ -10,7 +10,7 @@ FLAGS_FROM_CONFIG = {
     "--model-path": "sglang.model_path / sglang.model",
     "--model": "sglang.model_path / sglang.model (SGLang's alias of --model-path)",
     "--host": "the runner (always 127.0.0.1)",
-    "--port": "sglang.port",
+    "--port": "the runner (a free port for each run)",
     "--mm-feature-transport": "arms[].transport",
     "--disable-radix-cache": "sglang.disable_radix_cache",
     "--mm-preprocess-cache-size-mb": "sglang.mm_preprocess_cache_size_mb",

@@ -17,6 +17,8 @@ from pathlib import Path
 import jsonschema
 from packaging.version import InvalidVersion, Version
 
+from serving_study.config.deprecated_keys import replace_deprecated_keys
+from serving_study.config.records import quota_cores
 from serving_study.config.schema import config_schema, load_schema, property_schema
 from serving_study.config.secrets import secret_problems
 from serving_study.config.server_arguments import server_argument_conflicts
@@ -271,7 +273,7 @@ def fixes_problems(fixes: dict | None, arms: list[dict]) -> list[str]:
             named = entry[key]
             if named not in quota_of:
                 problems += _must_name(named, quota_of, f"{where}.{key}", "arm")
-            elif key == "without_quota" and quota_of[named] != "none":
+            elif key == "without_quota" and quota_cores(quota_of[named]) is not None:
                 problems.append(
                     f"{where}.without_quota: arm {named!r} runs under a quota "
                     f"({quota_of[named]}); give it cpu_quota: none"
@@ -307,7 +309,7 @@ def thread_quota_map_problems(
             "(it forces the main process's intra-op threads and changes the quota "
             "of the running server's cgroup)"
         )
-    quotas = [q if q == "none" else float(q) for q in settings["cpu_quotas"]]
+    quotas = [quota_cores(quota) for quota in settings["cpu_quotas"]]
     if len(set(quotas)) != len(quotas):
         problems.append("thread_quota_map.cpu_quotas: a quota is listed twice")
     return problems
@@ -380,7 +382,7 @@ def check_config(
     source = " + ".join(str(path) for path in config_files) or "the config"
     # Before the schema, whose messages may quote a value: a config that holds a
     # secret gets only the lines that name where (config_secrets.py).
-    problems = secret_problems(config)
+    problems = secret_problems(config) or replace_deprecated_keys(config)
     if not problems:
         problems = schema_problems(config, load_schema(schema_path))
     if not problems:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from serving_study.engine.engine_config import EngineConfig
 from serving_study.engine.protocol import CPU_TRANSPORT, TRANSPORTS
+from serving_study.engine.request_path import PREPROCESS_DEVICES
 from serving_study.engine.scheduler import (
     EarlyScheduler,
     SchedulerSettings,
@@ -67,7 +68,7 @@ def parse_arguments(argv: list[str]) -> EngineConfig:
     )
     parser.add_argument(
         "--preprocess-device",
-        choices=("auto", "cpu", "cuda"),
+        choices=("auto", *PREPROCESS_DEVICES),
         default=defaults.preprocess_device,
         help="where images are preprocessed (auto: the GPU when there is one)",
     )

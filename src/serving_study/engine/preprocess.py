@@ -95,6 +95,12 @@ def smart_resize(
     return resized_height, resized_width
 
 
+def feature_bytes(height: int, width: int) -> int:
+    """Bytes of one image's pixel_values: float32, (h/16 * w/16) rows of 1536."""
+    height, width = smart_resize(height, width)
+    return (height // 16) * (width // 16) * 1536 * 4
+
+
 def merge_block_shape(grid_height: int, grid_width: int) -> tuple[int, ...]:
     """Channel-first pixels viewed as 2x2 blocks of patches. Axes: channel, block
     row, row in block, pixel row, block column, column in block, pixel column."""

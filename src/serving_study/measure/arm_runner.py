@@ -9,9 +9,9 @@ died is written as a failed run (all outputs present, ``valid: false`` with the
 reason) so the study goes on and the report lists it; nothing of it is averaged in.
 
 Its parts serve other studies too (the thread x quota map runs many windows on one
-server): the arm's server (arm_server.py), starting it (server_start.py), the
-measured window (run_window.py), the run's files (run_outputs.py) and how a run
-ends early (run_failure.py).
+server): starting the arm's launch plan (server_start.py), the measured window
+(run_window.py), the run's files (run_outputs.py) and how a run ends early
+(run_failure.py).
 """
 
 import dataclasses
@@ -26,10 +26,10 @@ from serving_study.config.records import (
     ClientSettings,
     HostSharing,
     MonitorSettings,
-    ServerSettings,
     Variant,
 )
-from serving_study.config.secrets import require_secrets
+from serving_study.config.secrets import redacted, require_secrets
+from serving_study.launch.plan import LaunchPlan
 from serving_study.measure.host_sharing import MeasurementLock
 from serving_study.measure.run_failure import (
     ArmFailed,
@@ -44,7 +44,7 @@ from serving_study.measure.server_checks import server_identity, validity_checks
 from serving_study.measure.server_queries import read_server_info
 from serving_study.measure.server_start import start_healthy_server
 from serving_study.servers.container_runtime import ContainerServer
-from serving_study.servers.environment import recorded_environment, redacted
+from serving_study.servers.environment import recorded_environment
 from serving_study.servers.leftovers import owned_name, reap_leftovers
 from serving_study.servers.local_runtime import LocalServer
 
@@ -59,7 +59,7 @@ def run_arm(
     run: int,
     variant: Variant,
     workload_manifest: Path,
-    server_settings: ServerSettings,
+    plan: LaunchPlan,
     client: ClientSettings,
     monitors: MonitorSettings,
     paths: RunPaths,
@@ -67,7 +67,8 @@ def run_arm(
     traced_to: dict | None = None,
     lock: MeasurementLock | None = None,
 ) -> dict:
-    """Run one (arm, run) and write all its outputs; return its metrics.
+    """Run one (arm, run) of the arm's launch ``plan`` and write all its outputs;
+    return its metrics.
 
     ``traced_to`` goes into the run's provenance as it is: the project's commit,
     the config's hash, the host and the versions (run_provenance.py).
@@ -100,7 +101,6 @@ def run_arm(
         "arm": recorded_arm.as_config(),
         "run": run,
         "variant": variant.identity,
-        "engine": dataclasses.asdict(server_settings),
         "started_at": started_at,
         "host_lock": lock.record,
         **(traced_to or {}),
@@ -108,24 +108,17 @@ def run_arm(
     server = None
     inline_images = 0
     try:
-        container_runtimes = (
-            (server_settings.runtime,) if server_settings.in_container else ()
-        )
+        container_runtimes = (plan.container.runtime,) if plan.in_container else ()
         provenance["leftovers_reaped"] = reap_leftovers(container_runtimes).to_dict()
         server, base_url = start_healthy_server(
-            server_settings,
-            variant,
-            arm,
-            group_name,
-            paths,
-            client,
-            workload_manifest,
-            timeline,
+            plan, group_name, paths, client.health_timeout_s, timeline
         )
         provenance["start_to_healthy_s"] = round(time.monotonic() - started, 3)
         server_info = read_server_info(base_url)
         provenance.update(
-            server_argv=server.argv,
+            # The plan as it ran: commands/<arm>.json with this run's port.
+            launch=server.plan.record(),
+            runtime_argv=server.runtime_argv,
             environment_in_force=recorded_environment(
                 server.environment, arm.secret_environment
             ),
@@ -134,7 +127,7 @@ def run_arm(
         )
         if isinstance(server, LocalServer):
             provenance["quota_scope"] = {
-                "scope": server.quota_scope,
+                "scope": plan.quota.scope,
                 "model_processes_moved": server.moved_model_pids,
                 "model_group": server.model_group.quota_in_force()
                 if server.model_group
@@ -142,7 +135,6 @@ def run_arm(
             }
         if isinstance(server, ContainerServer):
             provenance.update(
-                container_argv=server.run_argv,
                 image=server.image,
                 image_run=server.image_run,
                 quota_seen_inside=server.quota_seen_inside(),
@@ -151,7 +143,7 @@ def run_arm(
             base_url,
             server,
             arm,
-            server_settings,
+            plan.served_model_name,
             workload_manifest,
             client,
             monitors,
@@ -162,9 +154,9 @@ def run_arm(
                 f"server exited with code {server.exit_code()} during the run\n"
                 f"{server.log_tail()}"
             )
-        identity = server_identity(server_settings, arm, variant, server_info, server)
+        identity = server_identity(plan, server_info, server)
         checks = validity_checks(
-            arm,
+            plan,
             client,
             server_info,
             window,

@@ -9,13 +9,7 @@ import asyncio
 import logging
 from pathlib import Path
 
-from serving_study.config.records import (
-    Arm,
-    ClientSettings,
-    MonitorSettings,
-    ServerSettings,
-)
-from serving_study.measure.arm_server import model_name
+from serving_study.config.records import Arm, ClientSettings, MonitorSettings
 from serving_study.measure.chat_requests import load_requests
 from serving_study.measure.client import run_load
 from serving_study.measure.host_load import HostLoadMeter
@@ -31,13 +25,14 @@ def measure(
     base_url: str,
     server: LocalServer,
     arm: Arm,
-    server_settings: ServerSettings,
+    model: str,
     workload_manifest: Path,
     client: ClientSettings,
     monitors: MonitorSettings,
     paths: RunPaths,
 ) -> tuple[dict, dict]:
-    """Warm-up, then the measured requests inside the monitors' window.
+    """Warm-up, then the measured requests (asking for ``model``) inside the
+    monitors' window.
 
     Warm-up and measured requests form one closed loop at the arm's concurrency:
     the window opens as the first measured request is sent, with the pipeline
@@ -74,7 +69,7 @@ def measure(
                 measured_requests=arm.requests,
                 warmup_requests=client.warmup_requests,
                 output_tokens=arm.output_tokens,
-                model=model_name(server_settings),
+                model=model,
                 out_path=paths.requests,
                 progress=True,
                 request_timeout_s=client.request_timeout_s,

@@ -11,8 +11,10 @@ import os
 
 import psutil
 
-from serving_study.config.platform import PROJECT_ROOT, STARTUP_GC_PAUSE_VARIABLE
-from serving_study.config.records import Arm, ClientSettings, ServerSettings, Variant
+from serving_study.config.platform import STARTUP_GC_PAUSE_VARIABLE
+from serving_study.config.records import ClientSettings
+from serving_study.config.secrets import redacted_check
+from serving_study.launch.plan import LaunchPlan
 from serving_study.measure.server_log_facts import (
     gc_never_resumed,
     inline_fallback_reported,
@@ -22,9 +24,7 @@ from serving_study.measure.server_log_facts import (
     stand_in_calls,
 )
 from serving_study.servers.container_runtime import ContainerServer
-from serving_study.servers.environment import redacted_check
 from serving_study.servers.local_runtime import LocalServer
-from serving_study.sources.variants import changed_modules
 
 
 def environment_seen(pid: int, names) -> dict:
@@ -37,7 +37,7 @@ def environment_seen(pid: int, names) -> dict:
 
 
 def validity_checks(
-    arm: Arm,
+    plan: LaunchPlan,
     client: ClientSettings,
     server_info: dict,
     window: dict,
@@ -45,12 +45,15 @@ def validity_checks(
     identity: dict,
     max_other_load_cores: float | None = None,
 ) -> dict:
-    """The facts the run's validity rests on; ``max_other_load_cores`` bounds the
-    host's other load during the window (None: not checked)."""
+    """The facts the run's validity rests on, the running server against its
+    plan; ``max_other_load_cores`` bounds the host's other load during the window
+    (None: not checked)."""
     quota = server.group.quota_in_force() if server.group else {}
     # The arm's secrets are expected with the runner's values (what it passed on).
-    secrets = arm.secret_environment
-    expected = dict(arm.environment)
+    secrets = plan.secret_environment
+    expected = {
+        name: plan.environment[name] for name in plan.expected.checked_environment
+    }
     expected |= {name: os.environ.get(name) for name in secrets}
     reported = identity.pop("environment_reported", None)
     seen = environment_seen(server.pid, expected)
@@ -58,7 +61,7 @@ def validity_checks(
         seen |= reported_values(reported, expected)
     expected_record, seen_record = redacted_check(expected, seen, secrets)
     return {
-        "quota_expected_cores": arm.cpu_quota,
+        "quota_expected_cores": plan.quota.cores,
         "quota_in_force_cores": quota.get("cores"),
         "environment_expected": expected_record,
         "environment_seen": seen_record,
@@ -71,11 +74,7 @@ def validity_checks(
 
 
 def server_identity(
-    server_settings: ServerSettings,
-    arm: Arm,
-    variant: Variant,
-    server_info: dict,
-    server: LocalServer | ContainerServer,
+    plan: LaunchPlan, server_info: dict, server: LocalServer | ContainerServer
 ) -> dict:
     """What the running server says it is: the transport it resolved, the
     ``mm_utils.py`` its main process loaded, its main process's intra-op threads,
@@ -86,11 +85,11 @@ def server_identity(
     is listed under ``not_checked``, never passed silently.
     """
     facts = {
-        "transport_expected": arm.transport,
-        "mm_utils_sha256_expected": variant.mm_utils_sha256,
+        "transport_expected": plan.expected.transport,
+        "mm_utils_sha256_expected": plan.expected.mm_utils_sha256,
         "not_checked": [],
     }
-    if server_settings.engine != "sglang":
+    if plan.expected.reported_in == "server_info":
         return facts | {
             "transport_seen": server_info.get("transport"),
             "mm_utils_sha256_loaded": server_info.get("mm_utils_sha256"),
@@ -104,9 +103,7 @@ def server_identity(
     reported = {report.module for report in loads}
     facts |= {
         "patched_modules_never_loaded": [
-            module
-            for module in changed_modules(variant.identity, PROJECT_ROOT)
-            if module not in reported
+            module for module in plan.expected.patched_modules if module not in reported
         ],
         "transport_seen": server_info.get("mm_feature_transport"),
         "mm_utils_loaded_from": load.file if load else None,

@@ -29,14 +29,11 @@ STAND_IN_LINE = re.compile(
 GC_RESUMED_LINE = re.compile(r"serving-study gc resumed in pid (?P<pid>\d+)")
 INLINE_FALLBACK_TEXT = "falling back to inline transport"
 TRANSPORT_MODULE = "sglang.srt.managers.mm_utils"
-# Further modules the probe reports, named by the runner (comma-separated).
-REPORT_MODULES_VARIABLE = "SERVING_STUDY_REPORT_MODULES"
 # The variables the probe reports as the process sees them: its thread knobs, and
 # those the runner names (/proc/<pid>/environ is overwritten by SGLang's process
-# titles): an arm's variables by value, its secrets as SECRET_SET or null.
+# titles; launch/sglang.py names them): an arm's variables by value, its secrets
+# as SECRET_SET or null.
 REPORTED_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_")
-REPORT_VARIABLES_VARIABLE = "SERVING_STUDY_REPORT_VARIABLES"
-REPORT_PRESENCE_VARIABLE = "SERVING_STUDY_REPORT_PRESENCE"
 SECRET_SET = "<set>"
 # How the main process's command line names the server it starts.
 SERVER_COMMANDS = ("sglang.launch_server", "sglang serve")

@@ -19,18 +19,17 @@ import logging
 import math
 import os
 import subprocess
-from collections.abc import Sequence
 from pathlib import Path
 
 import psutil
 
+from serving_study.launch.plan import LaunchPlan
 from serving_study.servers import container_watchdog
 from serving_study.servers.cgroup_hierarchy import QuotaUnavailable
 from serving_study.servers.container_commands import (
     QUOTA_INSIDE_SCRIPT,
     ContainerCommandFailed,
     container_name,
-    normal_image_id,
     parse_quota,
     run_command,
 )
@@ -43,6 +42,7 @@ from serving_study.servers.shared_memory import (
     segment_creator,
     shutdown_leftovers,
 )
+from serving_study.sources.images import normal_image_id
 
 log = logging.getLogger(__name__)
 
@@ -66,58 +66,21 @@ class _ContainerProcess:
 
 
 class ContainerServer:
-    """One server in a fresh container with the arm's quota (see module docstring).
+    """One plan's server in a fresh container (see module docstring);
+    ``runtime_argv`` is the runtime command that starts it."""
 
-    ``argv`` is the server's command inside the image; ``run_argv`` the runtime
-    command that starts it.
-    """
-
-    def __init__(
-        self,
-        argv: list[str],
-        environment: dict[str, str],
-        quota_cores: float | None,
-        group_name: str,
-        log_path: Path,
-        quota_during_startup: bool,
-        *,
-        image: str,
-        runtime: str = "docker",
-        shm_size: str | None = None,
-        ipc_host: bool = False,
-        gpus: str | None = None,
-        read_only_mounts: Sequence[tuple[str, str]] = (),
-        writable_mounts: Sequence[tuple[str, str]] = (),
-        passed_environment: Sequence[str] = (),
-        stop_signal: str | None = None,
-    ):
-        self.argv = argv
-        self.environment = dict(environment)
-        self.quota_cores = quota_cores
+    def __init__(self, plan: LaunchPlan, group_name: str, log_path: Path):
+        self.plan = plan
+        self.environment = dict(plan.environment)
+        self.quota_cores = plan.quota.cores
         self.group_name = group_name
         self.log_path = Path(log_path)
-        self.quota_during_startup = quota_during_startup
-        self.runtime = runtime
-        self.image = image
+        self.runtime = plan.container.runtime
+        self.image = plan.container.image
         self.name = container_name(group_name)
-        self.ipc_host = ipc_host
+        self.ipc_host = plan.container.ipc_host
         self.shutdown_files_before: set[Path] = set()
-        self.run_argv = run_command(
-            runtime=runtime,
-            image=image,
-            command=argv,
-            name=self.name,
-            label=group_name,
-            environment=self.environment,
-            passed_environment=list(passed_environment),
-            quota_cores=quota_cores if quota_during_startup else None,
-            shm_size=shm_size,
-            ipc_host=ipc_host,
-            gpus=gpus,
-            read_only_mounts=list(read_only_mounts),
-            writable_mounts=list(writable_mounts),
-            stop_signal=stop_signal,
-        )
+        self.runtime_argv = run_command(plan, self.name, label=group_name)
         self.container_id: str | None = None
         # The image the runtime says the container runs (its id), once started.
         self.image_run: str | None = None
@@ -163,7 +126,9 @@ class ContainerServer:
         """Start the container; a refused start shows as an exit code and in the log."""
         if self.ipc_host:
             self.shutdown_files_before = shutdown_leftovers()
-        finished = self._runtime(*self.run_argv[1:])
+        for host_path, _ in self.plan.container.writable_mounts:
+            Path(host_path).mkdir(parents=True, exist_ok=True)
+        finished = self._runtime(*self.runtime_argv[1:])
         if finished.returncode != 0:
             self._exit_code = finished.returncode or 1
             with open(self.log_path, "a") as server_log:
@@ -209,7 +174,7 @@ class ContainerServer:
             self.container_id[:12],
             self._init_pid,
             "none" if self.quota_cores is None else f"{self.quota_cores:g}",
-            "" if self.quota_during_startup else " once healthy",
+            "" if self.plan.quota.from_start else " once healthy",
         )
 
     @property
@@ -227,8 +192,8 @@ class ContainerServer:
         if finished.returncode != 0:
             raise ContainerCommandFailed(
                 f"`{self.runtime} update --cpus {self.quota_cores:g}` failed: "
-                f"{finished.stderr.strip()}; set client.quota_during_startup: true "
-                "to give the quota at start instead"
+                f"{finished.stderr.strip()}; set the arm's quota_timing: start to "
+                "give the quota at start instead"
             )
         log.info("quota of %g cores in force", self.quota_cores)
 

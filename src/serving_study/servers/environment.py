@@ -31,39 +31,6 @@ THREAD_SETTINGS = (
 # The other variables a server's provenance records (recorded_environment).
 RECORDED_PREFIXES = ("SGLANG_", "TORCH", "HF_", "SERVING_STUDY_")
 
-# What records show of a secret's value (config_secrets.py): set, or set to another
-# value than the runner's.
-REDACTED = "<redacted>"
-REDACTED_OTHER = "<redacted: not the runner's value>"
-
-
-def redacted(
-    environment: Mapping[str, str | None], secret_names: Collection[str] = ()
-) -> dict[str, str | None]:
-    """The environment with every secret value replaced (an unset one stays None),
-    for records: names that look secret, and the ones an arm passes as secrets."""
-    return {
-        name: REDACTED
-        if value is not None and (is_secret(name) or name in secret_names)
-        else value
-        for name, value in environment.items()
-    }
-
-
-def redacted_check(
-    expected: Mapping[str, str | None],
-    seen: Mapping[str, str | None],
-    secret_names: Collection[str] = (),
-) -> tuple[dict, dict]:
-    """Both sides of an environment check, fit for records, that still compare
-    equal exactly when the values do: a secret the server holds with another value
-    shows as REDACTED_OTHER."""
-    seen_record = redacted(seen, secret_names)
-    for name, value in seen_record.items():
-        if value == REDACTED and seen[name] != expected.get(name):
-            seen_record[name] = REDACTED_OTHER
-    return redacted(expected, secret_names), seen_record
-
 
 def server_environment(
     host_environment: Mapping[str, str], arm_environment: Mapping[str, str]

@@ -20,6 +20,7 @@ from pathlib import Path
 from serving_study.config.prescription import prescription
 from serving_study.config.records import Arm, Workload
 from serving_study.config.secrets import describe_missing, missing_secrets
+from serving_study.engine.preprocess import feature_bytes
 from serving_study.servers.environment import server_environment
 
 
@@ -232,14 +233,6 @@ def quota_problem() -> str | None:
         return str(error)
     probe.remove()
     return None
-
-
-def feature_bytes(height: int, width: int) -> int:
-    """Bytes of one image's pixel_values: float32, (h/16 * w/16) rows of 1536."""
-    from serving_study.engine.preprocess import smart_resize
-
-    height, width = smart_resize(height, width)
-    return (height // 16) * (width // 16) * 1536 * 4
 
 
 def shared_memory_needed_mib(arms: list[Arm], workloads: list[Workload]) -> float:

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import psutil
 
-from serving_study.config.schema import property_schema
+from serving_study.launch.plan import LaunchPlan
 from serving_study.servers.cgroups import CpuQuotaGroup, wrap_command
 from serving_study.servers.parent_death import killed_with_parent
 from serving_study.servers.shared_memory import (
@@ -39,7 +39,6 @@ from serving_study.servers.shared_memory import (
 log = logging.getLogger(__name__)
 
 MODEL_PROCESS_TITLE_PREFIX = "sglang::"
-QUOTA_SCOPES = tuple(property_schema("arms", "quota_scope")["enum"])
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -83,51 +82,35 @@ def segments_created_by(pids: set[int]) -> list[Path]:
 
 
 class LocalServer:
-    """One server process tree in a fresh cgroup with the arm's quota."""
+    """One plan's server process tree in a fresh cgroup with the plan's quota."""
 
-    def __init__(
-        self,
-        argv: list[str],
-        environment: dict[str, str],
-        quota_cores: float | None,
-        group_name: str,
-        log_path: Path,
-        quota_during_startup: bool,
-        quota_scope: str = "server",
-        terminate_leader_only: bool = False,
-        stop_signal: signal.Signals = signal.SIGTERM,
-    ):
-        if quota_scope not in QUOTA_SCOPES:
-            raise ValueError(f"quota_scope {quota_scope!r}: one of {QUOTA_SCOPES}")
-        self.quota_scope = quota_scope
-        # SGLang's main process stops its children itself; a signal to the whole
-        # group makes it take a dying child for a crash and wait 5 s for diagnostics.
-        self.terminate_leader_only = terminate_leader_only
-        # What asks the server to stop (SIGKILL follows after the grace period).
-        self.stop_signal = stop_signal
-        self.model_group: CpuQuotaGroup | None = None
-        self.moved_model_pids: list[int] = []
-        self.argv = argv
-        self.environment = environment
-        self.quota_cores = quota_cores
+    def __init__(self, plan: LaunchPlan, group_name: str, log_path: Path):
+        self.plan = plan
+        self.quota_cores = plan.quota.cores
         self.group_name = group_name
         self.log_path = log_path
-        self.quota_during_startup = quota_during_startup
+        self.environment = plan.environment_from(os.environ)
+        self.model_group: CpuQuotaGroup | None = None
+        self.moved_model_pids: list[int] = []
         self.group: CpuQuotaGroup | None = None
         self.process: subprocess.Popen | None = None
         self.known_pids: set[int] = set()
         self.leaked_segments: list[str] = []
         self.shutdown_files_before: set[Path] = set()
+        # What was exec'd: the plan's command behind the cgroup's joining helper.
+        self.runtime_argv: list[str] | None = None
 
     def start(self) -> None:
         self.shutdown_files_before = shutdown_leftovers()
         self.group = CpuQuotaGroup.create(
-            self.group_name, self.quota_cores if self.quota_during_startup else None
+            self.group_name, self.quota_cores if self.plan.quota.from_start else None
         )
+        self.runtime_argv = wrap_command(self.group, self.plan.command())
         with open(self.log_path, "ab") as server_log:
             self.process = subprocess.Popen(
-                wrap_command(self.group, self.argv),
+                self.runtime_argv,
                 env=self.environment,
+                cwd=self.plan.working_directory,
                 stdin=subprocess.DEVNULL,
                 stdout=server_log,
                 stderr=subprocess.STDOUT,
@@ -151,7 +134,7 @@ class LocalServer:
     def settle_after_start(self) -> None:
         """Once healthy: with the main-process scope, move the model processes out
         of the quota's group (see the module's docstring)."""
-        if self.quota_scope != "main_process":
+        if not self.plan.quota.main_process_only:
             return
         self.model_group = CpuQuotaGroup.create(f"{self.group_name}-model", None)
         moved = model_processes(self.group.pids())
@@ -217,11 +200,12 @@ class LocalServer:
 
     def _terminate_process_group(self, grace_s: float) -> None:
         if self.process.poll() is None:
+            stop_signal = signal.Signals[self.plan.stop_signal]
             try:
-                if self.terminate_leader_only:
-                    self.process.send_signal(self.stop_signal)
+                if self.plan.stop_leader_only:
+                    self.process.send_signal(stop_signal)
                 else:
-                    os.killpg(self.process.pid, self.stop_signal)
+                    os.killpg(self.process.pid, stop_signal)
             except ProcessLookupError:
                 pass
             try:

@@ -50,6 +50,10 @@ LABEL_PREFIX = "serving-study"
 BUILD_TIMEOUT_S = 3600
 
 
+# An image id as docker writes it; podman may leave out the "sha256:".
+IMAGE_ID = re.compile(r"(?:sha256:)?([0-9a-f]{64})")
+
+
 class ImageBuildFailed(RuntimeError):
     """An image could not be built; the message names the step and the fix."""
 
@@ -352,3 +356,22 @@ def build_variant_image(
     record = inspect_image(runtime, image_id)
     Path(inspect_file).write_text(json.dumps(record, indent=2) + "\n")
     return record
+
+
+def read_image_id(image_id_file: str | Path) -> str:
+    """The image id a build wrote with --iidfile (``sha256:...``)."""
+    text = Path(image_id_file).read_text().strip()
+    image_id = normal_image_id(text)
+    if image_id is None:
+        raise ImageBuildFailed(
+            f"{image_id_file} holds {text[:80]!r}, not an image id (sha256:...); "
+            "build the image again"
+        )
+    return image_id
+
+
+def normal_image_id(text: str) -> str | None:
+    """``sha256:<64 hex>`` from an image id in either runtime's spelling, or None
+    (a tag is not an id)."""
+    matched = IMAGE_ID.fullmatch(text.strip())
+    return f"sha256:{matched.group(1)}" if matched else None

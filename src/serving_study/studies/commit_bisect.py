@@ -60,6 +60,7 @@ from serving_study.config.records import (
     Variant,
 )
 from serving_study.engine.shm_loader import VariantSourceError, load_variant_transport
+from serving_study.launch.engines import launch_plan
 from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.run_outputs import RunPaths
 from serving_study.sources.fetch import fetch_source
@@ -335,7 +336,9 @@ def measure_commit(
                 run=run,
                 variant=variant,
                 workload_manifest=settings.workload_manifest,
-                server_settings=settings.server_settings,
+                plan=launch_plan(
+                    settings.server_settings, arm, variant, settings.workload_manifest
+                ),
                 client=settings.client,
                 monitors=settings.monitors,
                 sharing=settings.sharing,

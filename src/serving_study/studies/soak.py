@@ -37,6 +37,7 @@ from serving_study.config.records import (
     Variant,
 )
 from serving_study.config.validation import check_config
+from serving_study.launch.engines import launch_plan
 from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.run_outputs import RunPaths
 
@@ -108,7 +109,7 @@ def soak(config_path: Path, runs: int, requests: int | None, workdir: Path) -> d
             run=run,
             variant=variant,
             workload_manifest=manifest,
-            server_settings=server_settings,
+            plan=launch_plan(server_settings, arm, variant, manifest),
             client=client,
             monitors=monitors,
             sharing=sharing,

@@ -40,6 +40,7 @@ from serving_study.config.records import (
     Variant,
     quota_cores,
 )
+from serving_study.launch.engines import launch_plan
 from serving_study.measure.host_sharing import MeasurementLock
 from serving_study.measure.run_failure import ArmFailed, termination_as_interrupt
 from serving_study.measure.run_metrics import failed_run_metrics, summarize_run
@@ -277,20 +278,20 @@ def start_round_server(
     group_name = owned_name(
         f"{context.experiment}-map{context.block}-{variant_name}-t{threads}"
     )
-    server, base_url = start_healthy_server(
+    plan = launch_plan(
         context.server_settings,
-        context.variants[variant_name],
         cell_arm(context.settings, variant_name, threads, quota),
-        group_name,
-        server_paths,
-        context.client,
+        context.variants[variant_name],
         context.workload_manifest,
+    )
+    server, base_url = start_healthy_server(
+        plan, group_name, server_paths, context.client.health_timeout_s
     )
     try:
         write_json(
             server_dir / "server.json",
             {
-                "server_argv": server.argv,
+                "launch": server.plan.record(),
                 "environment_in_force": recorded_environment(server.environment),
                 "server_info": read_server_info(base_url),
                 "started_at": now_iso(),
@@ -306,12 +307,14 @@ def start_round_server(
 
 def measure_cell(context: MapContext, server, base_url: str, arm: Arm) -> dict:
     """Put the cell's quota in force on the live server, then one measured window."""
-    variant = context.variants[arm.variant]
     paths = RunPaths.in_directory(
         cell_directory(context, arm.variant, arm.intra_op_threads, arm.cpu_quota)
     )
     started_at = now_iso()
     started = time.monotonic()
+    # The server's plan, with the cell's quota: what the cell's checks expect.
+    quota = dataclasses.replace(server.plan.quota, cores=arm.cpu_quota)
+    plan = dataclasses.replace(server.plan, quota=quota)
     server.quota_cores = arm.cpu_quota
     server.apply_quota()
     try:
@@ -320,7 +323,7 @@ def measure_cell(context: MapContext, server, base_url: str, arm: Arm) -> dict:
             base_url,
             server,
             arm,
-            context.server_settings,
+            plan.served_model_name,
             context.workload_manifest,
             context.client,
             context.monitors,
@@ -328,11 +331,9 @@ def measure_cell(context: MapContext, server, base_url: str, arm: Arm) -> dict:
         )
         if server.exit_code() is not None:
             raise ArmFailed(f"server exited with code {server.exit_code()}")
-        identity = server_identity(
-            context.server_settings, arm, variant, server_info, server
-        )
+        identity = server_identity(plan, server_info, server)
         checks = validity_checks(
-            arm, context.client, server_info, window, server, identity
+            plan, context.client, server_info, window, server, identity
         )
         write_json(paths.monitors, window)
         metrics = summarize_run(paths.requests, paths.monitors, arm, checks, run=1)

@@ -20,6 +20,7 @@ from serving_study.config.records import (
     Variant,
     quota_value,
 )
+from serving_study.launch.engines import launch_plan
 from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.run_outputs import RunPaths
 from serving_study.measure.run_timeline import phases_between
@@ -126,7 +127,7 @@ def measure_arm_overhead(
         run=1,
         variant=variant,
         workload_manifest=workload_manifest,
-        server_settings=server_settings,
+        plan=launch_plan(server_settings, arm, variant, workload_manifest),
         client=client,
         monitors=monitors,
         paths=paths,
@@ -153,7 +154,7 @@ def measure_arm_overhead(
         "arm": arm.name,
         "variant": variant.name,
         "cpu_quota": quota_value(arm.cpu_quota),
-        "quota_during_startup": client.quota_during_startup,
+        "quota_timing": arm.quota_timing,
         "valid": metrics["valid"],
         "invalid_reasons": metrics["invalid_reasons"],
         "throughput_rps": metrics["throughput_rps"],

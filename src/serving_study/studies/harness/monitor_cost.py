@@ -6,13 +6,13 @@ They sample a server-shaped process tree with many threads inside a real cgroup.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 import time
 from pathlib import Path
 
 import psutil
 
+from serving_study.launch.plan import process_plan
 from serving_study.measure.monitors import RunMonitors
 from serving_study.measure.server_processes import find_server_processes
 from serving_study.servers.local_runtime import LocalServer
@@ -48,12 +48,9 @@ def measure_monitor_cpu(
     and all. The sampler's own account (`sampler_cpu_seconds`) is kept beside it.
     """
     server = LocalServer(
-        [sys.executable, "-c", MANY_THREADS_SERVER, str(threads)],
-        dict(os.environ),
-        None,
+        process_plan([sys.executable, "-c", MANY_THREADS_SERVER, str(threads)]),
         group_name,
         log_path,
-        quota_during_startup=False,
     )
     server.start()
     try:

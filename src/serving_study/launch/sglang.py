@@ -1,4 +1,4 @@
-"""The command line and environment of a real SGLang server, built from config.
+"""The real SGLang server's start: its command line and environment, from config.
 
 One arm of an ``engine: sglang`` experiment becomes ``python -m sglang.launch_server``
 with every setting the study held fixed written out, never left to SGLang's
@@ -11,26 +11,36 @@ The model is mounted read-only into the container at ``/models/<name>``; the ser
 never reaches the Hugging Face Hub (``HF_HUB_OFFLINE=1``).
 """
 
-import signal
+import sys
 from collections.abc import Mapping
 from pathlib import PurePosixPath
 
 from serving_study.config.content_keys import content_key
 from serving_study.config.platform import (
     COMPILE_CACHE_VARIABLE,
+    PROJECT_ROOT,
     SGLangPlatform,
     compile_cache,
+    platform_for,
+    python_path,
 )
-from serving_study.config.records import Arm
+from serving_study.config.records import Arm, ServerSettings, Variant
 from serving_study.config.server_arguments import server_argument_conflicts
-from serving_study.servers.container_commands import container_name, run_command
-from serving_study.sources.images import image_tag
+from serving_study.launch.plan import EngineCommand
+from serving_study.sources.variants import changed_modules
 
 SERVER_MODULE = "sglang.launch_server"
 # SGLang's tokenizer manager answers SIGTERM with a drain that it polls every 5 s;
 # SIGINT reaches uvicorn, which stops at once (the server is idle by then), and
-# launch_server then stops its scheduler and detokenizer itself.
-SGLANG_STOP_SIGNAL = signal.SIGINT
+# launch_server then stops its scheduler and detokenizer itself. It stops its own
+# children: a signal to the whole group makes it take a dying child for a crash.
+SGLANG_STOP_SIGNAL = "SIGINT"
+# What the load probe (envs/server-probe) reports in every server process: the
+# modules the variant changed (a patch the server never loads shows), and the
+# arm's own variables and secrets as the process sees them (secrets as set or not).
+REPORT_MODULES_VARIABLE = "SERVING_STUDY_REPORT_MODULES"
+REPORT_VARIABLES_VARIABLE = "SERVING_STUDY_REPORT_VARIABLES"
+REPORT_PRESENCE_VARIABLE = "SERVING_STUDY_REPORT_PRESENCE"
 CONTAINER_MODELS_DIRECTORY = PurePosixPath("/models")
 
 
@@ -86,7 +96,6 @@ def sglang_server_arguments(
     arm: Arm,
     sglang_settings: Mapping,
     model_path: str,
-    port: int,
     platform: SGLangPlatform,
     model_flags: tuple[str, ...] = (),
 ) -> list[str]:
@@ -100,7 +109,7 @@ def sglang_server_arguments(
     """
     arguments = ["--model-path", model_path, "--host", "127.0.0.1"]
     arguments += list(platform.server_flags) + list(model_flags)
-    arguments += ["--port", str(port), "--mm-feature-transport", arm.transport]
+    arguments += ["--mm-feature-transport", arm.transport]
     if sglang_settings["disable_radix_cache"]:
         arguments.append("--disable-radix-cache")
     arguments += [
@@ -125,24 +134,6 @@ def sglang_server_arguments(
     return arguments + extra + arm_arguments
 
 
-def sglang_server_argv(
-    arm: Arm,
-    sglang_settings: Mapping,
-    model_path: str,
-    port: int,
-    platform: SGLangPlatform,
-    *,
-    model_flags: tuple[str, ...] = (),
-    python: str = "python3",
-) -> list[str]:
-    """``python3 -m sglang.launch_server ...`` for one arm (see
-    ``sglang_server_arguments``); ``python`` is the interpreter that has SGLang
-    (``python3`` in the SGLang image)."""
-    return [python, "-m", SERVER_MODULE] + sglang_server_arguments(
-        arm, sglang_settings, model_path, port, platform, model_flags
-    )
-
-
 def model_flags(load_format: str | None, dtype: str | None) -> tuple[str, ...]:
     """What a model snapshot needs on the command line: a tiny model has no weight
     files (``--load-format dummy``), and its dtype must be explicit, since under
@@ -155,98 +146,62 @@ def model_flags(load_format: str | None, dtype: str | None) -> tuple[str, ...]:
     return flags
 
 
-def sglang_server_environment(
-    arm: Arm, sglang_settings: Mapping, platform: SGLangPlatform, in_container: bool
-) -> dict[str, str]:
-    """The environment variables the server gets from config: the caches that are
-    environment-only in SGLang, offline Hub access, the shared compile cache, what
-    the platform needs, then the arm's own ``environment`` (which wins)."""
-    environment = {
-        "SGLANG_VLM_CACHE_SIZE_MB": str(sglang_settings["vlm_cache_size_mb"]),
-        "SGLANG_MM_FEATURE_CACHE_MB": str(sglang_settings["mm_feature_cache_mb"]),
-        "HF_HUB_OFFLINE": "1",
-        COMPILE_CACHE_VARIABLE: compile_cache(platform, in_container)[1],
-        **platform.environment,
-    }
-    environment.update(arm.environment)
-    return environment
-
-
-def arm_launch_commands(
-    *,
-    experiment: str,
-    arm: Arm,
-    sglang_settings: Mapping,
-    runtime: str,
-    model_host_path: str,
-    quota_during_startup: bool,
-    platform: SGLangPlatform,
-    flags_of_model: tuple[str, ...] = (),
-) -> dict:
-    """Everything that starts one arm's server: its argv, the container argv that
-    runs it (None for ``runtime: local``), its environment and the model mount.
-
-    The container has the platform's GPUs, the host's network and IPC namespace,
-    the model mounted read-only, and the arm's CPU quota from the start when
-    ``quota_during_startup`` (else the runner adds it once the server is healthy).
-    """
-    model = sglang_settings["model"]
-    in_container = runtime != "local"
-    mount_source, mounted_at, model_path = model_mount(model, model_host_path)
-    if not in_container:
-        model_path = model_host_path
-    port = sglang_settings["port"]
-    server_argv = sglang_server_argv(
-        arm, sglang_settings, model_path, port, platform, model_flags=flags_of_model
-    )
-    environment = sglang_server_environment(
-        arm, sglang_settings, platform, in_container
-    )
-    quota_cores = arm.cpu_quota
-    container_argv = None
-    if in_container:
-        container_argv = run_command(
-            runtime=runtime,
-            image=image_tag(image_engine(platform), arm.variant),
-            command=server_argv,
-            name=container_name(f"{experiment}-{arm.name}"),
-            label=f"{experiment}-{arm.name}",
-            environment=environment,
-            passed_environment=arm.secret_environment,
-            quota_cores=quota_cores if quota_during_startup else None,
-            shm_size=None,
-            ipc_host=True,
-            gpus="all" if platform.container_gpus else None,
-            read_only_mounts=[(mount_source, mounted_at)],
-            writable_mounts=[compile_cache(platform, in_container=True)],
-            stop_signal=SGLANG_STOP_SIGNAL.name,
-        )
-    return {
-        "experiment": experiment,
-        "arm": arm.name,
-        "variant": arm.variant,
-        "transport": arm.transport,
-        "device": platform.device,
-        "port": port,
-        "quota_cores": quota_cores,
-        "quota_from": "start" if quota_during_startup else "healthy",
-        "server_argv": server_argv,
-        "container_argv": container_argv,
-        "environment": environment,
-        # Passed by name from the runner's environment; no value is written.
-        "secret_environment": list(arm.secret_environment),
-        "model": {
-            "name": model,
-            "revision": sglang_settings.get("model_revision"),
-            "host_path": model_host_path,
-            "mount": f"{mount_source}:{mounted_at}:ro" if in_container else None,
-            "server_path": model_path,
-            "flags": list(flags_of_model),
-        },
-    }
-
-
 def image_engine(platform: SGLangPlatform) -> str:
     """The engine part of an SGLang variant image's tag: its Dockerfile's suffix
     (``sglang`` on GPU hosts, ``sglang-cpu`` on CPU)."""
     return platform.dockerfile.rsplit("Dockerfile.", 1)[1]
+
+
+def sglang_command(server: ServerSettings, arm: Arm, variant: Variant) -> EngineCommand:
+    """``python -m sglang.launch_server`` for one arm, with the environment SGLang
+    reads its caches from, offline Hub access, the shared compile cache, what the
+    platform needs, the arm's own variables (which win) and the probe's; on this
+    host the variant's tree first on the path (an image has its own)."""
+    platform = platform_for(server.device)
+    settings, in_container = server.sglang, server.in_container
+    model_path = server.model_host_path
+    mounts: tuple = ()
+    if in_container:
+        source, mounted_at, model_path = model_mount(settings["model"], model_path)
+        mounts = ((source, mounted_at),)
+        python = "python3"
+    elif platform.builds_runtime:
+        python = server.runtime_python
+    else:
+        python = sys.executable
+    arguments = sglang_server_arguments(
+        arm,
+        settings,
+        model_path,
+        platform,
+        model_flags(server.model_load_format, server.model_dtype),
+    )
+    cache_directory, cache_seen_as = compile_cache(platform, in_container)
+    patched = tuple(changed_modules(variant.identity, PROJECT_ROOT))
+    environment = {
+        "SGLANG_VLM_CACHE_SIZE_MB": str(settings["vlm_cache_size_mb"]),
+        "SGLANG_MM_FEATURE_CACHE_MB": str(settings["mm_feature_cache_mb"]),
+        "HF_HUB_OFFLINE": "1",
+        COMPILE_CACHE_VARIABLE: cache_seen_as,
+        **platform.environment,
+        **arm.environment,
+        REPORT_MODULES_VARIABLE: ",".join(patched),
+        REPORT_VARIABLES_VARIABLE: ",".join(sorted(arm.environment)),
+        REPORT_PRESENCE_VARIABLE: ",".join(sorted(arm.secret_environment)),
+    }
+    if not in_container:
+        environment["PYTHONPATH"] = python_path(platform, variant.sglang_python_root)
+    return EngineCommand(
+        argv=(python, "-m", SERVER_MODULE, *arguments),
+        environment=environment,
+        stop_signal=SGLANG_STOP_SIGNAL,
+        stop_leader_only=True,
+        served_model_name=served_model_name(settings),
+        reported_in="log",
+        read_only_mounts=mounts,
+        writable_mounts=((str(cache_directory), cache_seen_as),)
+        if in_container
+        else (),
+        patched_modules=patched,
+        wants_gpus=platform.container_gpus,
+    )
