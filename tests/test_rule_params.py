@@ -65,15 +65,16 @@ def test_a_key_no_job_reads_reruns_nothing(touched_study, tmp_path, edits):
 
 
 @pytest.mark.parametrize(
-    "keys, value",
+    "keys, value, rules",
     [
-        (("monitors", "gpu"), "off"),
-        (("client", "warmup_requests"), 5),
-        (("embedded_engine", "decode_step_ms"), 3),
+        (("monitors", "gpu"), "off", {"run_arm"}),
+        (("client", "warmup_requests"), 5, {"run_arm"}),
+        # The server's start: the arms' launch plans (their runs follow them).
+        (("embedded_engine", "decode_step_ms"), 3, {"launch_plan"}),
     ],
 )
 def test_a_key_only_the_arms_read_reruns_only_the_arms(
-    touched_study, tmp_path, keys, value
+    touched_study, tmp_path, keys, value, rules
 ):
     rerun = rules_rerun_for_params(touched_study, edited((keys, value)), tmp_path)
-    assert rerun == {"run_arm"}
+    assert rerun == rules

@@ -89,6 +89,7 @@ def test_naming_one_run_schedules_only_that_run_and_what_it_lacks(tmp_path):
         "make_workload": 1,
         "preflight": 1,
         "arm_preflight": 1,
+        "launch_plan": 1,
         "run_arm": 1,
     }
 
