@@ -5,7 +5,9 @@ file: not the results, not the logs, not Snakemake's own records in .snakemake/.
 import copy
 import json
 import os
+import runpy
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,8 @@ from serving_study.config.records import (
 )
 from serving_study.config.secrets import (
     REDACTED,
+    SECRET_WORD_PAIRS,
+    SECRET_WORDS,
     SecretNotSet,
     has_credentials,
     is_secret,
@@ -32,6 +36,7 @@ from serving_study.launch.plan import process_plan
 from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.run_outputs import RunPaths
 from serving_study.servers.container_commands import run_command
+from serving_study.servers.environment import recorded_environment
 from serving_study.servers.host import unmet_needs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,6 +133,8 @@ PLANTED_KEYS = (
     "arms[0].environment.HTTPS_PROXY",
     "arms[1].server_args[0]: --admin-api-key",
     "sglang.extra_server_args[0]: --api-key",
+    # The key's value after it, shaped like an OpenAI key.
+    "sglang.extra_server_args[1]: holds a value shaped like an access token",
     "sources[1].git.url",
     "bisect.repository",
 )
@@ -142,6 +149,59 @@ def test_every_planted_secret_is_named_and_none_is_repeated():
         assert [line for line in lines if line.startswith(f"bad.yaml: {key}")], key
     assert len(lines) == len(PLANTED_KEYS)
     assert "list HF_TOKEN under arms[0].secret_environment" in str(raised.value)
+
+
+# A value of each shape, made up (no real token), under a name that looks bland.
+TOKEN_SHAPED = {
+    "Hugging Face": "hf_" + "a1B2c3D4e5" * 4,
+    "OpenAI": "sk-proj-" + "Ab12Cd34Ef" * 3,
+    "GitHub": "ghp_" + "Zy98Xw76Vu" * 4,
+    "GitHub fine-grained": "github_pat_" + "11ABCDEFG0" * 3,
+    "AWS": "AKIA" + "ABCDEFGHIJKLMNOP",
+    "GitLab": "glpat-" + "xY12zW34vU" * 2,
+    "Slack": "xoxb-" + "1234567890-abcdefghij",
+}
+
+
+@pytest.mark.parametrize("service", TOKEN_SHAPED)
+def test_a_token_under_a_bland_name_is_refused_with_its_key(service):
+    config = shipped("config/test/config.yaml")
+    config["arms"][0]["environment"] = {"HUB_AUTH_SETTING": TOKEN_SHAPED[service]}
+    with pytest.raises(ConfigError) as raised:
+        check(config)
+    message = str(raised.value)
+    assert "arms[0].environment.HUB_AUTH_SETTING: looks like a secret" in message
+    assert "secret_environment" in message
+    assert TOKEN_SHAPED[service] not in message
+
+
+def test_the_probe_and_the_config_check_share_one_secret_rule(monkeypatch):
+    """The server-side probe (which runs without this package) reports no
+    variable the config check would call secret, and hides none it would not."""
+    probe_directory = ROOT / "envs" / "server-probe"
+    monkeypatch.syspath_prepend(str(probe_directory))
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))  # its finder goes
+    monkeypatch.delenv("SERVING_STUDY_PAUSE_GC_AT_START", raising=False)
+    probe = runpy.run_path(str(probe_directory / "sitecustomize.py"))
+    assert probe["SECRET_WORDS"] == SECRET_WORDS
+    assert probe["SECRET_WORD_PAIRS"] == SECRET_WORD_PAIRS
+    names = [
+        "HF_TOKEN",
+        "OPENAI_API_KEY",
+        "DB_PASSWD",
+        "AWS_SECRET_ACCESS_KEY",
+        "MY_APIKEY",
+        "SSH_PRIVATE_KEY",
+        "TOKENIZERS_PARALLELISM",
+        "OMP_NUM_THREADS",
+        "MAX_TOTAL_TOKENS",
+        "KEY_ACCESS",
+        "HUB_AUTH_SETTING",
+        "GIT_CREDENTIALS",
+    ]
+    assert [probe["is_secret"](name) for name in names] == [
+        is_secret(name) for name in names
+    ]
 
 
 def test_names_of_secrets_and_look_alikes_are_accepted():
@@ -353,3 +413,20 @@ def test_a_study_in_containers_passes_secrets_by_name_and_writes_them_nowhere(
         (workdir / "results/secrets-docker/images/original.iid").read_text().strip()
     )
     assert provenance["image_run"] == provenance["image"] == image_id
+
+
+def test_recorded_host_settings_never_hold_credentials():
+    recorded = recorded_environment(
+        {
+            "HF_ENDPOINT": "https://user:pass@mirror.example/hub",
+            "HF_HUB_CACHE": "/data/hf",
+            "SGLANG_AUTH": TOKEN_SHAPED["Hugging Face"],
+            "OMP_NUM_THREADS": "4",
+        }
+    )
+    assert recorded == {
+        "HF_ENDPOINT": REDACTED,
+        "HF_HUB_CACHE": "/data/hf",
+        "OMP_NUM_THREADS": "4",
+        "SGLANG_AUTH": REDACTED,
+    }

@@ -17,8 +17,10 @@ paused during start-up (``serving_study_startup_gc``).
 import hashlib
 import json
 import os
+import re
 import sys
 from collections.abc import Sequence
+from itertools import pairwise
 from importlib.machinery import ModuleSpec
 from types import ModuleType
 
@@ -35,7 +37,21 @@ PROBED_MODULES = frozenset(
 # The thread knobs this process runs with, as it sees them: /proc/<pid>/environ is
 # no witness once a process has imported setproctitle, which reuses that memory.
 THREAD_KNOB_PREFIXES = ("OMP_", "GOMP_", "KMP_", "MKL_", "OPENBLAS_", "TORCH_")
-SECRET_NAME_PARTS = ("TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "API_KEY")
+# The config check's rule for a secret's name (serving_study/config/secrets.py; this
+# probe runs where the package may not be, and a test keeps the two the same).
+SECRET_WORDS = frozenset(
+    {
+        "TOKEN",
+        "SECRET",
+        "PASSWORD",
+        "PASSWD",
+        "PASSPHRASE",
+        "CREDENTIAL",
+        "CREDENTIALS",
+        "APIKEY",
+    }
+)
+SECRET_WORD_PAIRS = frozenset({("API", "KEY"), ("ACCESS", "KEY"), ("PRIVATE", "KEY")})
 # For the same reason the runner names, comma-separated, the other variables an arm
 # sets (reported with their values, null when unset) and the secrets it passes
 # (reported as SECRET_SET when set, never by value).
@@ -57,8 +73,11 @@ def _process_title() -> str:
     return " ".join(title.split())  # one line, even for ``python -c`` scripts
 
 
-def _looks_secret(name: str) -> bool:
-    return any(part in name.upper() for part in SECRET_NAME_PARTS)
+def is_secret(name: str) -> bool:
+    words = [word for word in re.split(r"[^A-Z0-9]+", name.upper()) if word]
+    return any(word in SECRET_WORDS for word in words) or any(
+        pair in SECRET_WORD_PAIRS for pair in pairwise(words)
+    )
 
 
 def _named_in(variable: str) -> list[str]:
@@ -70,11 +89,11 @@ def _reported_environment() -> dict:
     reported = {
         name: value
         for name, value in sorted(os.environ.items())
-        if name.startswith(THREAD_KNOB_PREFIXES) and not _looks_secret(name)
+        if name.startswith(THREAD_KNOB_PREFIXES) and not is_secret(name)
     }
     with_values = _named_in(REPORT_VARIABLES_VARIABLE)
     for name in with_values:
-        if not _looks_secret(name):
+        if not is_secret(name):
             reported[name] = os.environ.get(name)
     for name in _named_in(REPORT_PRESENCE_VARIABLE) + with_values:
         if name not in reported:

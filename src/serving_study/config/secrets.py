@@ -36,6 +36,15 @@ SECRET_WORD_PAIRS = frozenset({("API", "KEY"), ("ACCESS", "KEY"), ("PRIVATE", "K
 URL_AUTHORITY = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://([^\s/?#]*)")
 # Schemes whose user name is an account, not a token (ssh://git@host/...).
 ACCOUNT_SCHEMES = frozenset({"ssh", "git+ssh", "ssh+git"})
+# Values shaped like the access tokens of common services, under whatever name:
+# Hugging Face, OpenAI, GitHub (classic and fine-grained), AWS access key ids,
+# GitLab and Slack. The envs/server-probe probe keeps a copy of the name rule.
+TOKEN_SHAPES = re.compile(
+    r"\b(?:hf_[A-Za-z0-9]{30,}|sk-(?:proj-)?[A-Za-z0-9_-]{20,}"
+    r"|gh[pousr]_[A-Za-z0-9]{30,}|github_pat_[A-Za-z0-9_]{22,}"
+    r"|(?:AKIA|ASIA)[0-9A-Z]{16}|glpat-[A-Za-z0-9_-]{20,}"
+    r"|xox[abposr]-[A-Za-z0-9-]{10,})"
+)
 
 NEVER_IN_CONFIG = (
     "a secret is never written in a config (Snakemake keeps every job's "
@@ -50,6 +59,11 @@ def is_secret(name: str) -> bool:
     return any(word in SECRET_WORDS for word in words) or any(
         pair in SECRET_WORD_PAIRS for pair in pairwise(words)
     )
+
+
+def looks_like_a_token(text: str) -> bool:
+    """Whether ``text`` holds a value shaped like a service's access token."""
+    return bool(TOKEN_SHAPES.search(text))
 
 
 def has_credentials(text: str) -> bool:
@@ -83,6 +97,11 @@ def _arguments_problems(arguments, where: str) -> list[str]:
                 f"{where}[{index}]: holds a URL with credentials, and "
                 f"{NEVER_IN_CONFIG}; leave them out of the URL"
             )
+        elif looks_like_a_token(argument):
+            problems.append(
+                f"{where}[{index}]: holds a value shaped like an access token, and "
+                f"{NEVER_IN_CONFIG}; leave it out"
+            )
     return problems
 
 
@@ -92,8 +111,8 @@ def _environment_problems(arm: dict, where: str) -> list[str]:
         return []
     problems = []
     for name, value in environment.items():
-        name = str(name)
-        if is_secret(name) or (isinstance(value, str) and has_credentials(value)):
+        name, value = str(name), str(value)
+        if is_secret(name) or has_credentials(value) or looks_like_a_token(value):
             problems.append(
                 f"{where}.environment.{name}: looks like a secret, and "
                 f"{NEVER_IN_CONFIG}; list {name} under {where}.secret_environment "

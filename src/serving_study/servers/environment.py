@@ -8,7 +8,12 @@ this host, and a cap is exactly what the arm's ``environment`` says.
 
 from collections.abc import Collection, Mapping
 
-from serving_study.config.secrets import is_secret
+from serving_study.config.secrets import (
+    REDACTED,
+    has_credentials,
+    is_secret,
+    looks_like_a_token,
+)
 
 THREAD_SETTINGS = (
     "OMP_NUM_THREADS",
@@ -48,9 +53,12 @@ def recorded_environment(
     environment: Mapping[str, str], secret_names: Collection[str] = ()
 ) -> dict[str, str]:
     """The settings worth recording in provenance: thread knobs, SGLang's, torch's,
-    the Hub's and the load probe's variables, never a secret."""
+    the Hub's and the load probe's variables, never a secret: one by name is left
+    out, a value with credentials in a URL or shaped like a token is redacted."""
     return {
-        name: value
+        name: REDACTED
+        if has_credentials(value) or looks_like_a_token(value)
+        else value
         for name, value in sorted(environment.items())
         if (name in THREAD_SETTINGS or name.startswith(RECORDED_PREFIXES))
         and not is_secret(name)
