@@ -7,6 +7,7 @@ neither blocked nor let through by the tests.
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from serving_study.measure.host_sharing import (
     HostBusy,
     HostSharing,
     MeasurementLock,
+    UnsafeLockFile,
     preparation_lock,
 )
 
@@ -289,3 +291,31 @@ def test_a_second_studys_preparation_waits_while_the_first_measures(
     manifest = json.loads((workload / "manifest.json").read_text())
     assert len(manifest["images"]) == 2
     assert (workload / "images").stat().st_mtime >= released
+
+
+def test_the_lock_is_refused_where_another_user_could_make_it_first(tmp_path):
+    shared = tmp_path / "everyone"
+    shared.mkdir()
+    shared.chmod(0o1777)  # as /run/lock itself: anyone may create a file there
+    lock_file = str(shared / "measurement.lock")
+    with pytest.raises(UnsafeLockFile, match="another user"):
+        MeasurementLock.acquire(HostSharing.from_config({"lock_file": lock_file}), "a")
+    assert not (shared / "measurement.lock").exists()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file away needs root")
+def test_a_lock_file_another_user_made_is_refused(tmp_path):
+    planted = tmp_path / "measurement.lock"
+    planted.write_text("")
+    os.chown(planted, 65534, 65534)  # nobody's
+    with pytest.raises(UnsafeLockFile, match="belongs to another user"):
+        MeasurementLock.acquire(sharing(tmp_path), "a")
+
+
+def test_the_locks_folder_is_made_for_its_owner_alone(tmp_path):
+    lock_file = tmp_path / "locks" / "serving-study" / "measurement.lock"
+    settings = HostSharing.from_config({"lock_file": str(lock_file)})
+    with MeasurementLock.acquire(settings, "a"):
+        pass
+    assert lock_file.parent.stat().st_mode & 0o777 == 0o755
+    assert lock_file.stat().st_mode & 0o777 == 0o644

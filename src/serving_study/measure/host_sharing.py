@@ -128,24 +128,44 @@ def preparation_lock(sharing: HostSharing, holder: str) -> MeasurementLock:
     return MeasurementLock.acquire(sharing, holder, shared=True)
 
 
+class UnsafeLockFile(OSError):
+    """The lock file or its folder could be made or held by another user."""
+
+
+def _owned_safely(status: os.stat_result) -> bool:
+    """Owned by root or by this user, and writable by nobody else."""
+    others_write = stat.S_IWGRP | stat.S_IWOTH
+    return status.st_uid in (0, os.getuid()) and not status.st_mode & others_write
+
+
 def _open_lock_file(path: Path) -> int:
-    """The lock file, created readable and writable by every user (a pipeline
-    run as another user must be able to wait on it and name itself).
+    """The lock file, in a folder that only root (or this user) may write, owned by
+    one of them: in a world-writable folder such as /run/lock itself, any local
+    user could create the file first and hold the lock forever.
 
     Never through a symbolic link, and only a regular file: the holder's record
-    is written into it, so a link planted in a shared directory must not turn
-    that into a write elsewhere.
+    is written into it.
     """
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+    if not _owned_safely(path.parent.lstat()):
+        raise UnsafeLockFile(
+            errno.EPERM,
+            f"{path.parent} may be written by another user, who could take the "
+            "host's measurement lock; set host_sharing.lock_file to a file in a "
+            "folder of its own (the default: /run/lock/serving-study/)",
+        )
     flags = os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
-    descriptor = os.open(path, flags, 0o666)
+    descriptor = os.open(path, flags, 0o644)
     try:
-        if not stat.S_ISREG(os.fstat(descriptor).st_mode):
+        status = os.fstat(descriptor)
+        if not stat.S_ISREG(status.st_mode):
             raise OSError(errno.EINVAL, f"{path} is not a regular file")
-        try:
-            os.fchmod(descriptor, 0o666)
-        except PermissionError:
-            pass  # another user's file: it was made shareable when created
+        if not _owned_safely(status):
+            raise UnsafeLockFile(
+                errno.EPERM,
+                f"{path} belongs to another user or others may write it; remove "
+                "it (the pipeline makes it anew)",
+            )
     except BaseException:
         os.close(descriptor)
         raise
