@@ -18,7 +18,13 @@ from serving_study.servers.cgroup_hierarchy import (
     read_membership,
     read_mounts,
 )
-from serving_study.servers.cgroups import CpuQuotaGroup, _create_v2, wrap_command
+from serving_study.servers.cgroups import (
+    AT_ROOT_VARIABLE,
+    CpuQuotaGroup,
+    _check_room_for_groups,
+    _create_v2,
+    wrap_command,
+)
 from serving_study.servers.cpu_group import CpuGroup, CpuStat, group_of_pid
 
 BUSY_LOOP = [sys.executable, "-c", "while True: pass"]
@@ -256,6 +262,7 @@ def test_v2_creation_enables_cpu_and_writes_cpu_max_in_a_stand_in_tree(tmp_path)
     own = tmp_path / "own"
     own.mkdir()
     (own / "cgroup.procs").write_text("1\n")
+    (own / "cgroup.controllers").write_text("cpu memory\n")  # delegated to us
     (own / "cgroup.subtree_control").write_text("memory\n")
     original_mkdir = Path.mkdir
 
@@ -268,6 +275,8 @@ def test_v2_creation_enables_cpu_and_writes_cpu_max_in_a_stand_in_tree(tmp_path)
         patch.setattr(Path, "mkdir", mkdir_with_control_files)
         layout = _create_v2(own, "arm-a")
     assert layout.cpu_directory == own / "serving-study" / "arm-a"
+    # Our processes left our cgroup for a leaf, so that it may hand on `cpu`.
+    assert (own / "serving-study-runner" / "cgroup.procs").read_text() == "1"
     assert (own / "cgroup.subtree_control").read_text() == "+cpu"
     assert (own / "serving-study" / "cgroup.subtree_control").read_text() == "+cpu"
     group = CpuQuotaGroup(layout)
@@ -325,3 +334,33 @@ def test_cgroup_exec_becomes_the_command(tmp_path):
     assert result.returncode == 0, result.stderr
     # Same pid: the command replaced the helper after the helper joined.
     assert procs_file.read_text() == result.stdout.strip()
+
+
+def test_v2_groups_go_to_the_root_only_when_asked(tmp_path, monkeypatch):
+    """Without `cpu` delegated to our cgroup, the hierarchy's root would put the
+    server outside any limit around us (a SLURM job, a systemd slice)."""
+    own = tmp_path / "own"
+    own.mkdir()
+    for directory in (tmp_path, own):
+        (directory / "cgroup.procs").write_text("")
+        (directory / "cgroup.controllers").write_text("memory\n")
+        (directory / "cgroup.subtree_control").write_text("")
+    monkeypatch.delenv(AT_ROOT_VARIABLE, raising=False)
+    with pytest.raises(QuotaUnavailable, match="Delegate=yes.*CGROUPS_AT_ROOT=1"):
+        _check_room_for_groups(Layout(2, own, own))
+    monkeypatch.setenv(AT_ROOT_VARIABLE, "1")
+    _check_room_for_groups(Layout(2, own, own))
+
+
+def test_a_v2_group_is_killed_at_once_through_cgroup_kill(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        (tmp_path / "cgroup.procs").write_text(f"{sleeper.pid}\n")
+        (tmp_path / "cgroup.kill").write_text("")
+        group = CpuQuotaGroup(Layout(2, tmp_path, tmp_path))
+        with pytest.raises(TimeoutError):  # a plain file kills nobody: signals follow
+            group.kill_all(timeout=0.05)
+        assert (tmp_path / "cgroup.kill").read_text() == "1"
+    finally:
+        sleeper.kill()
+        sleeper.wait()

@@ -3,9 +3,10 @@
 ``CpuQuotaGroup.create`` makes a group with the arm's quota under a parent named
 ``serving-study`` below the calling process's own cgroup (on cgroup v2, below the
 hierarchy's root when the ``cpu`` controller cannot be enabled there), and
-``wrap_command`` starts a server inside it. ``remove`` kills what is left and deletes
-the group; ``project_group_directories`` and ``remove_group_directory`` find and
-remove the groups that dead runs left behind.
+``wrap_command`` starts a server inside it. ``remove`` kills what is left and
+deletes the group (never the shared parent, where another pipeline may be making a
+group at that moment); ``project_group_directories`` and ``remove_group_directory``
+find and remove the groups that dead runs left behind.
 """
 
 from __future__ import annotations
@@ -28,6 +29,10 @@ from serving_study.servers.cgroup_hierarchy import (
 from serving_study.servers.cpu_group import CpuGroup, read_pids
 
 PARENT_GROUP_NAME = "serving-study"
+# Opting in to groups at a cgroup v2 hierarchy's root, outside this process's own
+# cgroup (and so outside the limits of a SLURM job or a systemd slice around it).
+AT_ROOT_VARIABLE = "SERVING_STUDY_CGROUPS_AT_ROOT"
+RUNNER_LEAF = "serving-study-runner"
 
 
 class CpuQuotaGroup(CpuGroup):
@@ -97,8 +102,15 @@ class CpuQuotaGroup(CpuGroup):
             _write(procs_file, str(pid))
 
     def kill_all(self, timeout: float = 10.0) -> None:
-        """SIGKILL every process left in the group and wait until it is empty."""
+        """SIGKILL every process left in the group and wait until it is empty.
+
+        cgroup v2's ``cgroup.kill`` (Linux 5.14) kills the whole group at once, a
+        forking tree included; elsewhere each member is signalled until none is
+        left."""
         deadline = time.monotonic() + timeout
+        kill_file = self.cpu_directory / "cgroup.kill"
+        if self.version == 2 and kill_file.exists() and self.pids():
+            _write(kill_file, "1")
         while members := self.pids():
             for pid in members:
                 try:
@@ -120,7 +132,6 @@ class CpuQuotaGroup(CpuGroup):
         deadline = time.monotonic() + timeout
         for directory in self.directories():
             _remove_directory(directory, deadline)
-            _remove_if_empty(directory.parent)
 
     def __enter__(self) -> CpuQuotaGroup:
         return self
@@ -150,9 +161,11 @@ def _check_room_for_groups(own: Layout) -> None:
     if own.version == 2 and not _v2_bases(own.cpu_directory):
         raise QuotaUnavailable(
             f"The cpu controller is not delegated to this process's cgroup "
-            f"{own.cpu_directory} (its cgroup.controllers lacks `cpu`), and the "
-            "hierarchy's root is not writable, so a CPU quota cannot be set. Run "
-            "as root on the host, or under `systemd-run --scope -p Delegate=yes`. "
+            f"{own.cpu_directory} (its cgroup.controllers lacks `cpu`), so a CPU "
+            "quota cannot be set inside it. Run under `systemd-run --scope -p "
+            "Delegate=yes`, or, as root, set "
+            f"{AT_ROOT_VARIABLE}=1 to make the groups at the hierarchy's root, "
+            "outside this cgroup and any limit a job scheduler or slice sets on it. "
             f"{NO_QUOTA_HINT}"
         )
 
@@ -190,16 +203,19 @@ def _create_v1(own: Layout, name: str) -> Layout:
 
 
 def _create_v2(own_directory: Path, name: str) -> Layout:
-    """Create the group below our own cgroup, or below the root if that is not allowed.
+    """Create the group below our own cgroup, or below the root when asked.
 
     cgroup v2 lets a cgroup hand controllers to its children only while it holds no
-    processes itself (the root excepted), so enabling `cpu` below our own cgroup fails
-    with EBUSY when we are not alone in a leaf, and with ENOENT when `cpu` was never
-    delegated to our cgroup; then the hierarchy root is used.
+    processes itself (the root excepted). In our own delegated cgroup its processes
+    (ours) first move to a leaf of their own (RUNNER_LEAF), as systemd's delegation
+    expects; ENOENT means `cpu` was never delegated to our cgroup.
     """
+    own_directory = _outside_runner_leaf(own_directory)
     last_error: OSError | None = None
     for base in _v2_bases(own_directory):
         try:
+            if base == own_directory:
+                _empty_into_leaf(base)
             _enable_cpu_controller(base)
             parent = base / PARENT_GROUP_NAME
             parent.mkdir(exist_ok=True)
@@ -219,14 +235,38 @@ def _create_v2(own_directory: Path, name: str) -> Layout:
     raise last_error
 
 
+def _outside_runner_leaf(directory: Path) -> Path:
+    """Our own cgroup as groups are made below it: once our processes moved to
+    its RUNNER_LEAF, the cgroup that holds that leaf."""
+    return directory.parent if directory.name == RUNNER_LEAF else directory
+
+
+def _empty_into_leaf(directory: Path) -> None:
+    """Move every process of ``directory`` into its leaf RUNNER_LEAF, so that it
+    may enable controllers for its children."""
+    if not read_pids(directory / "cgroup.procs"):
+        return
+    leaf = directory / RUNNER_LEAF
+    leaf.mkdir(exist_ok=True)
+    for pid in sorted(read_pids(directory / "cgroup.procs")):
+        try:
+            _write(leaf / "cgroup.procs", str(pid))
+        except ProcessLookupError:
+            pass
+
+
 def _v2_bases(own_directory: Path) -> list[Path]:
     """Where a group may be made: below our own cgroup when `cpu` is delegated to
-    it, else (as root, which may write there) below the hierarchy's root."""
+    it; below the hierarchy's root only when asked (AT_ROOT_VARIABLE) and
+    writable (root)."""
+    own_directory = _outside_runner_leaf(own_directory)
     bases = []
     if "cpu" in v2_controllers(own_directory):
         bases.append(own_directory)
     root = _v2_root_of(own_directory)
-    if root not in bases and os.access(root / "cgroup.subtree_control", os.W_OK):
+    at_root = os.environ.get(AT_ROOT_VARIABLE) == "1"
+    writable = os.access(root / "cgroup.subtree_control", os.W_OK)
+    if root not in bases and at_root and writable:
         bases.append(root)
     return bases
 
@@ -255,10 +295,6 @@ def _discard_partial_group(own: Layout, name: str) -> None:
             (base / PARENT_GROUP_NAME / name).rmdir()
         except OSError:
             pass
-        try:
-            _remove_if_empty(base / PARENT_GROUP_NAME)
-        except OSError:
-            pass
 
 
 def _remove_directory(directory: Path, deadline: float) -> None:
@@ -275,17 +311,6 @@ def _remove_directory(directory: Path, deadline: float) -> None:
             time.sleep(0.02)
 
 
-def _remove_if_empty(parent: Path) -> None:
-    """Remove the shared `serving-study` parent once no other run uses it."""
-    if parent.name != PARENT_GROUP_NAME:
-        return
-    try:
-        parent.rmdir()
-    except OSError as error:
-        if error.errno not in (errno.ENOTEMPTY, errno.EBUSY, errno.ENOENT):
-            raise
-
-
 # --- Groups that dead runs left ------------------------------------------------------
 
 
@@ -298,7 +323,7 @@ def project_group_directories() -> list[Path]:
         mounts = read_mounts(Path("/proc/self/mountinfo").read_text())
     except (QuotaUnavailable, OSError):
         return []
-    bases = {own.cpu_directory, own.usage_directory}
+    bases = {_outside_runner_leaf(own.cpu_directory), own.usage_directory}
     for mount in mounts:
         if mount.version == 2 or mount.controllers & {"cpu", "cpuacct"}:
             bases.add(mount.mount_point)
