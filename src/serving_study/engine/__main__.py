@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import os
 import sys
 from pathlib import Path
 
@@ -13,7 +12,6 @@ from serving_study.engine.protocol import CPU_TRANSPORT, TRANSPORTS
 from serving_study.engine.request_path import PREPROCESS_DEVICES
 from serving_study.engine.scheduler import (
     EarlyScheduler,
-    SchedulerSettings,
     TimingModel,
     exit_without_teardown,
     start_scheduler,
@@ -75,7 +73,6 @@ def parse_arguments(argv: list[str]) -> EngineConfig:
     parser.add_argument(
         "--intra-op-threads",
         type=int,
-        default=None,
         help=(
             "force the main process's torch intra-op threads (torch.set_num_threads; "
             "may exceed the CPUs); by default torch picks, as in SGLang"
@@ -116,11 +113,8 @@ def start_scheduler_early(config: EngineConfig) -> EarlyScheduler | None:
         mm_utils_text = (config.sglang_source / MM_UTILS_RELATIVE_PATH).read_text()
     except OSError:
         return None
-    settings = SchedulerSettings(
-        sglang_source=config.sglang_source,
-        mm_utils_sha256=hashlib.sha256(mm_utils_text.encode()).hexdigest(),
-        timing=config.timing,
-        parent_pid=os.getpid(),
+    settings = config.scheduler_settings(
+        hashlib.sha256(mm_utils_text.encode()).hexdigest()
     )
     process, connection = start_scheduler(settings)
     return settings, process, connection

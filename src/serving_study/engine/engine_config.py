@@ -6,11 +6,12 @@ process, before the main process loads torch.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from serving_study.engine.protocol import CPU_TRANSPORT
-from serving_study.engine.scheduler import TimingModel
+from serving_study.engine.scheduler import SchedulerSettings, TimingModel
 
 
 @dataclass(frozen=True)
@@ -27,3 +28,12 @@ class EngineConfig:
     # None leaves torch's own default, as SGLang does; a number is forced with
     # torch.set_num_threads, which (unlike OMP_NUM_THREADS) may exceed the CPUs.
     intra_op_threads: int | None = None
+
+    def scheduler_settings(self, mm_utils_sha256: str) -> SchedulerSettings:
+        """What this process starts its scheduler with, for the variant's file."""
+        return SchedulerSettings(
+            sglang_source=self.sglang_source,
+            mm_utils_sha256=mm_utils_sha256,
+            timing=self.timing,
+            parent_pid=os.getpid(),
+        )

@@ -142,52 +142,30 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict:
 
 
 def stream_chunk(
-    identity: CompletionIdentity,
-    delta: dict,
-    finish_reason: str | None = None,
+    identity: CompletionIdentity, delta: dict, finish_reason: str | None = None
 ) -> dict:
-    return {
-        "id": identity.id,
-        "object": "chat.completion.chunk",
-        "created": identity.created,
-        "model": identity.model,
-        "choices": [
-            {
-                "index": 0,
-                "delta": delta,
-                "logprobs": None,
-                "finish_reason": finish_reason,
-            }
-        ],
-    }
+    choice = dict(index=0, delta=delta, logprobs=None, finish_reason=finish_reason)
+    return _response(identity, "chat.completion.chunk", choices=[choice])
 
 
 def usage_chunk(identity: CompletionIdentity, usage_counts: dict) -> dict:
-    return {
-        "id": identity.id,
-        "object": "chat.completion.chunk",
-        "created": identity.created,
-        "model": identity.model,
-        "choices": [],
-        "usage": usage_counts,
-    }
+    return _response(identity, "chat.completion.chunk", choices=[], usage=usage_counts)
 
 
 def completion(identity: CompletionIdentity, text: str, usage_counts: dict) -> dict:
+    message = {"role": "assistant", "content": text}
+    choice = dict(index=0, message=message, logprobs=None, finish_reason="length")
+    return _response(identity, "chat.completion", choices=[choice], usage=usage_counts)
+
+
+def _response(identity: CompletionIdentity, kind: str, **fields) -> dict:
+    """What every response and chunk starts with, then ``fields``."""
     return {
         "id": identity.id,
-        "object": "chat.completion",
+        "object": kind,
         "created": identity.created,
         "model": identity.model,
-        "choices": [
-            {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": "length",
-            }
-        ],
-        "usage": usage_counts,
+        **fields,
     }
 
 

@@ -58,10 +58,7 @@ def llm_image_tokens(image_grid_thw: np.ndarray) -> int:
 
 
 def decode_image(data: bytes) -> Image.Image:
-    """Decode PNG/JPEG bytes into a fully loaded RGB image.
-
-    Raises ValueError when the bytes are not an image Pillow can read.
-    """
+    """Decode PNG/JPEG bytes to RGB; raise ValueError if Pillow cannot read them."""
     try:
         image = Image.open(io.BytesIO(data))
         return image.convert("RGB")
@@ -69,27 +66,22 @@ def decode_image(data: bytes) -> Image.Image:
         raise ValueError(f"cannot decode the image: {error}") from error
 
 
-def smart_resize(
-    height: int,
-    width: int,
-    factor: int = RESIZE_FACTOR,
-    min_pixels: int = MIN_PIXELS,
-    max_pixels: int = MAX_PIXELS,
-) -> tuple[int, int]:
-    """Nearest size with both sides multiples of factor and area in bounds."""
+def smart_resize(height: int, width: int) -> tuple[int, int]:
+    """Nearest size with both sides multiples of RESIZE_FACTOR and area in bounds."""
     if max(height, width) / min(height, width) > MAX_ASPECT_RATIO:
         raise ValueError(
             f"image of {width}x{height} px has an aspect ratio above "
             f"{MAX_ASPECT_RATIO}, which Qwen3-VL refuses"
         )
+    factor = RESIZE_FACTOR
     resized_height = max(factor, round(height / factor) * factor)
     resized_width = max(factor, round(width / factor) * factor)
-    if resized_height * resized_width > max_pixels:
-        scale = math.sqrt(height * width / max_pixels)
+    if resized_height * resized_width > MAX_PIXELS:
+        scale = math.sqrt(height * width / MAX_PIXELS)
         resized_height = max(factor, math.floor(height / scale / factor) * factor)
         resized_width = max(factor, math.floor(width / scale / factor) * factor)
-    elif resized_height * resized_width < min_pixels:
-        scale = math.sqrt(min_pixels / (height * width))
+    elif resized_height * resized_width < MIN_PIXELS:
+        scale = math.sqrt(MIN_PIXELS / (height * width))
         resized_height = math.ceil(height * scale / factor) * factor
         resized_width = math.ceil(width * scale / factor) * factor
     return resized_height, resized_width
@@ -104,15 +96,9 @@ def feature_bytes(height: int, width: int) -> int:
 def merge_block_shape(grid_height: int, grid_width: int) -> tuple[int, ...]:
     """Channel-first pixels viewed as 2x2 blocks of patches. Axes: channel, block
     row, row in block, pixel row, block column, column in block, pixel column."""
-    return (
-        CHANNELS,
-        grid_height // MERGE_SIZE,
-        MERGE_SIZE,
-        PATCH_SIZE,
-        grid_width // MERGE_SIZE,
-        MERGE_SIZE,
-        PATCH_SIZE,
-    )
+    block_rows = (grid_height // MERGE_SIZE, MERGE_SIZE, PATCH_SIZE)
+    block_columns = (grid_width // MERGE_SIZE, MERGE_SIZE, PATCH_SIZE)
+    return (CHANNELS, *block_rows, *block_columns)
 
 
 def preprocess_image(image: Image.Image) -> ImageFeatures:

@@ -7,9 +7,8 @@ segment is the one place the main process enters PyTorch's intra-op pool.
 With the cuda_ipc transport the tensor stays on (or goes to) the GPU instead
 and only an IPC handle is pickled.
 
-Preprocessing runs on the CPU with numpy, or on the GPU with torch as SGLang
-does on a GPU host; then the cpu transport first copies the pixels back to
-host memory (the `device_to_host` stage, SGLang's `.cpu()`).
+Preprocessing (`preprocess`) runs on the CPU or the GPU; the cpu transport then
+copies the pixels back to host memory (the `device_to_host` stage).
 
 Each stage's wall time, calling-thread CPU time and whole-process CPU time
 are summed, so `/server_info` can show where the main process spends CPU.
@@ -18,10 +17,11 @@ are summed, so `/server_info` can show where the main process spends CPU.
 from __future__ import annotations
 
 import base64
-import binascii
+import contextlib
 import logging
 import pickle
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -40,7 +40,7 @@ from serving_study.engine.protocol import (
     TRANSPORTS,
     FeaturePayload,
 )
-from serving_study.engine.segments import unlink_segment
+from serving_study.engine.segments import release_segments
 
 STAGES = ("decode", "preprocess", "device_to_host", "transport")
 PREPROCESS_DEVICES = ("cpu", "cuda")
@@ -68,28 +68,17 @@ class RequestPathTimings:
         default_factory=lambda: {stage: StageTotals() for stage in STAGES}
     )
 
-    def as_dict(self) -> dict:
-        return {
-            "images": self.images,
-            "stages": {name: vars(totals) for name, totals in self.stages.items()},
-        }
 
-
-class _Stage:
-    """Context manager adding one stage's elapsed times to its totals."""
-
-    def __init__(self, totals: StageTotals) -> None:
-        self._totals = totals
-
-    def __enter__(self) -> None:
-        self._wall = time.perf_counter()
-        self._thread = time.thread_time()
-        self._process = time.process_time()
-
-    def __exit__(self, *exc_info) -> None:
-        self._totals.wall_s += time.perf_counter() - self._wall
-        self._totals.thread_cpu_s += time.thread_time() - self._thread
-        self._totals.process_cpu_s += time.process_time() - self._process
+@contextlib.contextmanager
+def _stage(totals: StageTotals) -> Iterator[None]:
+    """Add the enclosed stage's elapsed times to its totals."""
+    wall, thread, process = time.perf_counter(), time.thread_time(), time.process_time()
+    try:
+        yield
+    finally:
+        totals.wall_s += time.perf_counter() - wall
+        totals.thread_cpu_s += time.thread_time() - thread
+        totals.process_cpu_s += time.process_time() - process
 
 
 @dataclass
@@ -117,7 +106,6 @@ class RequestPath:
         self._transport = transport
         self._preprocess_device = preprocess_device
         self.timings = RequestPathTimings()
-        self._warned_inline = False
         # Images sent inline because /dev/shm was full: the copy under study skipped.
         self.inline_fallbacks = 0
         if transport == CUDA_IPC_TRANSPORT:
@@ -141,16 +129,16 @@ class RequestPath:
 
     def _prepare_one(self, image_base64: str, prepared: PreparedImages) -> None:
         stages = self.timings.stages
-        with _Stage(stages["decode"]):
+        with _stage(stages["decode"]):
             try:
                 data = base64.b64decode(image_base64, validate=True)
-            except (binascii.Error, ValueError) as error:
+            except ValueError as error:  # binascii.Error among them
                 raise InvalidImage(f"the image is not valid base64: {error}") from error
             try:
                 image = decode_image(data)
             except ValueError as error:
                 raise InvalidImage(str(error)) from error
-        with _Stage(stages["preprocess"]):
+        with _stage(stages["preprocess"]):
             if self._preprocess_device == "cpu":
                 features = preprocess_image(image)
                 pixel_values = torch.from_numpy(features.pixel_values)
@@ -163,16 +151,16 @@ class RequestPath:
                 # and not the next one's (a `.cpu()` would wait for them anyway).
                 torch.cuda.synchronize()
         if self._transport == CUDA_IPC_TRANSPORT:
-            with _Stage(stages["transport"]):
+            with _stage(stages["transport"]):
                 on_gpu = pixel_values.to("cuda")
                 prepared.gpu_tensors.append(on_gpu)
                 payload = FeaturePayload(
                     kind=CUDA_IPC, pickled=bytes(self._pickle_cuda(on_gpu))
                 )
         else:
-            with _Stage(stages["device_to_host"]):
+            with _stage(stages["device_to_host"]):
                 pixel_values = pixel_values.cpu()
-            with _Stage(stages["transport"]):
+            with _stage(stages["transport"]):
                 payload = self._wrap_shm(pixel_values)
         self.timings.images += 1
         prepared.payloads += (payload,)
@@ -184,22 +172,14 @@ class RequestPath:
         except OSError as error:
             # SGLang's _wrap_shm_or_inline: a full /dev/shm falls back to inline.
             self.inline_fallbacks += 1
-            if not self._warned_inline:
+            if self.inline_fallbacks == 1:
                 logger.warning(
                     "shared memory allocation failed (%s); falling back to "
                     "inline transport. Consider increasing /dev/shm size.",
                     error,
                 )
-                self._warned_inline = True
             return FeaturePayload(kind=INLINE, pickled=pickle.dumps(pixel_values))
         segment_name = pointer.__getstate__()["shm_name"]
         return FeaturePayload(
             kind=SHM, pickled=pickle.dumps(pointer), segment_name=segment_name
         )
-
-
-def release_segments(payloads) -> None:
-    """Unlink the segments of payloads the scheduler will never consume."""
-    for payload in payloads:
-        if payload.segment_name:
-            unlink_segment(payload.segment_name)

@@ -18,6 +18,7 @@ spent spinning: SGLang's scheduler kept 40-99% of a core busy in the study.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import multiprocessing
 import os
@@ -42,7 +43,7 @@ from serving_study.engine.protocol import (
     TokenBatch,
     TokenEvent,
 )
-from serving_study.engine.segments import unlink_segment
+from serving_study.engine.segments import release_segments, unlink_segment
 
 PROCESS_TITLE = "sglang::scheduler"
 IDLE_POLL_SECONDS = 0.2
@@ -171,7 +172,6 @@ def exit_without_teardown(exit_code: int) -> None:
 class WaitingRequest:
     request_id: int
     output_tokens: int
-    image_count: int
     features: list
 
 
@@ -210,11 +210,9 @@ class Scheduler:
 
     def release_unconsumed_segments(self) -> None:
         """Unlink the segments of requests this process never materialised."""
-        try:
+        with contextlib.suppress(EOFError, OSError):
             while self._connection.poll(0):
                 self._inbox.append(self._connection.recv_bytes())
-        except (EOFError, OSError):
-            pass
         for raw in self._inbox:
             message = pickle.loads(raw)
             if isinstance(message, SubmitRequest):
@@ -222,8 +220,6 @@ class Scheduler:
                     if payload.segment_name and unlink_segment(payload.segment_name):
                         logger.info("unlinked unconsumed %s", payload.segment_name)
         self._inbox.clear()
-
-    # --- receiving -----------------------------------------------------------
 
     def _process_inbox(self) -> None:
         while self._inbox:
@@ -239,24 +235,13 @@ class Scheduler:
             try:
                 features.append(self._receive_feature(payload))
             except Exception as error:
-                for unread in message.features[position:]:
-                    if unread.segment_name:
-                        unlink_segment(unread.segment_name)
+                release_segments(message.features[position:])
                 logger.exception("request %d: receiving features", message.request_id)
-                self.send(
-                    RequestFailed(
-                        message.request_id, f"{type(error).__name__}: {error}"
-                    )
-                )
+                reason = f"{type(error).__name__}: {error}"
+                self.send(RequestFailed(message.request_id, reason))
                 return
-        self._waiting.append(
-            WaitingRequest(
-                request_id=message.request_id,
-                output_tokens=message.output_tokens,
-                image_count=len(features),
-                features=features,
-            )
-        )
+        waiting = WaitingRequest(message.request_id, message.output_tokens, features)
+        self._waiting.append(waiting)
 
     def _receive_feature(self, payload: FeaturePayload):
         """Turn one payload into a tensor the way the variant's scheduler does."""
@@ -290,8 +275,6 @@ class Scheduler:
             waiting for waiting in self._waiting if waiting.request_id != request_id
         )
 
-    # --- the timing model ------------------------------------------------------
-
     def _admit(self) -> list[WaitingRequest]:
         admitted = []
         while self._waiting and (
@@ -303,7 +286,7 @@ class Scheduler:
     def _prefill_admitted(self, admitted: list[WaitingRequest]) -> None:
         if not admitted:
             return
-        images = sum(request.image_count for request in admitted)
+        images = sum(len(request.features) for request in admitted)
         self._spend(images * self._timing.prefill_ms_per_image / 1000)
         events = []
         for request in admitted:
@@ -339,8 +322,6 @@ class Scheduler:
         self._wait(
             start + seconds - time.perf_counter(), stop_when_message_arrives=False
         )
-
-    # --- the pipe ----------------------------------------------------------------
 
     def _wait(self, seconds: float, stop_when_message_arrives: bool) -> None:
         """Sleep up to `seconds`, buffering messages that arrive meanwhile.

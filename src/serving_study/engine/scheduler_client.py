@@ -9,6 +9,7 @@ scheduler died: every request in flight fails, and later submits are refused.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import logging
 import pickle
@@ -22,12 +23,13 @@ from serving_study.engine.protocol import (
     TokenBatch,
     TokenEvent,
 )
-from serving_study.engine.request_path import PreparedImages, release_segments
+from serving_study.engine.request_path import PreparedImages
 from serving_study.engine.scheduler import (
     EarlyScheduler,
     SchedulerSettings,
     start_scheduler,
 )
+from serving_study.engine.segments import release_segments
 
 SCHEDULER_EXIT_GRACE_SECONDS = 5.0
 
@@ -47,7 +49,6 @@ class PendingRequest:
     request_id: int
     prepared: PreparedImages
     events: asyncio.Queue = field(default_factory=asyncio.Queue)
-    finished: bool = False
 
     async def tokens(self):
         """Yield this request's TokenEvents; raise GenerationFailed on failure."""
@@ -167,7 +168,6 @@ class SchedulerClient:
             return  # forgotten (client went away)
         pending.events.put_nowait(event)
         if isinstance(event, RequestFailed) or event.finished:
-            pending.finished = True
             del self._pending[request_id]
 
     def _on_scheduler_exit(self) -> None:
@@ -190,15 +190,12 @@ class SchedulerClient:
 
     def _stop_reading(self) -> None:
         self.alive = False
-        try:
+        with contextlib.suppress(RuntimeError, OSError, ValueError):
             asyncio.get_running_loop().remove_reader(self._connection.fileno())
-        except (RuntimeError, OSError, ValueError):
-            pass
 
     def _fail_all_pending(self, reason: str) -> None:
         for request_id, pending in list(self._pending.items()):
             # Segments the scheduler never materialised would otherwise leak.
             release_segments(pending.prepared.payloads)
             pending.events.put_nowait(RequestFailed(request_id, reason))
-            pending.finished = True
         self._pending.clear()

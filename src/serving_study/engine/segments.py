@@ -26,6 +26,13 @@ def unlink_segment(name: str) -> bool:
     return True
 
 
+def release_segments(payloads) -> None:
+    """Unlink the segments of feature payloads that will never be consumed."""
+    for payload in payloads:
+        if payload.segment_name:
+            unlink_segment(payload.segment_name)
+
+
 def list_segments(prefix: str = SGLANG_SEGMENT_PREFIX) -> list[str]:
     """Names of the segments under /dev/shm that start with prefix."""
     return sorted(path.name for path in SHM_DIRECTORY.glob(f"{prefix}*"))

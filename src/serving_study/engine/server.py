@@ -1,14 +1,11 @@
 """The engine's main process: an OpenAI-compatible HTTP server (aiohttp).
 
-It plays SGLang's main process (HTTP server plus TokenizerManager): each chat
-request's image is decoded, preprocessed and wrapped in the variant's
-`ShmPointerMMData` on the event-loop thread, then sent to the spawned
-`sglang::scheduler`, whose tokens stream back as server-sent events.
-
-Like SGLang it does not call `torch.set_num_threads` here and sets no process
-title. `/health` answers 503 until a built-in warm-up image request has gone
-through the whole path, then 200; the log then says SGLang's
-"The server is fired up and ready to roll!".
+It plays SGLang's main process (HTTP server plus TokenizerManager): each request's
+images go through `request_path` to the spawned scheduler, whose tokens stream back
+as server-sent events. Like SGLang it sets no process title, and it calls
+`torch.set_num_threads` only when `--intra-op-threads` asks. `/health` answers 503
+until a built-in warm-up image request has gone through the whole path, then 200;
+the log then says SGLang's "The server is fired up and ready to roll!".
 """
 
 from __future__ import annotations
@@ -34,18 +31,15 @@ from serving_study.engine import openai_api
 from serving_study.engine.engine_config import EngineConfig
 from serving_study.engine.openai_api import BadRequest, CompletionIdentity
 from serving_study.engine.protocol import CUDA_IPC_TRANSPORT
-from serving_study.engine.request_path import (
-    InvalidImage,
-    RequestPath,
-    release_segments,
-)
-from serving_study.engine.scheduler import EarlyScheduler, SchedulerSettings
+from serving_study.engine.request_path import InvalidImage, RequestPath
+from serving_study.engine.scheduler import EarlyScheduler
 from serving_study.engine.scheduler_client import (
     GenerationFailed,
     PendingRequest,
     SchedulerClient,
     SchedulerUnavailable,
 )
+from serving_study.engine.segments import release_segments
 from serving_study.engine.shm_loader import VariantTransport, load_variant_transport
 
 READY_LINE = "The server is fired up and ready to roll!"
@@ -77,7 +71,7 @@ class Engine:
             variant.shm_pointer_class, config.transport, self.preprocess_device
         )
         self.scheduler = SchedulerClient(
-            scheduler_settings(config, variant.mm_utils_sha256), early_scheduler
+            config.scheduler_settings(variant.mm_utils_sha256), early_scheduler
         )
         self.healthy = False
         self.app = web.Application(client_max_size=1024**3)
@@ -127,8 +121,6 @@ class Engine:
             release_segments(prepared.payloads)
             raise
 
-    # --- endpoints -------------------------------------------------------------
-
     async def health(self, request: web.Request) -> web.Response:
         if not self.scheduler.alive and self.scheduler.ready_message is not None:
             return web.json_response({"status": "scheduler died"}, status=503)
@@ -138,12 +130,7 @@ class Engine:
 
     async def models(self, request: web.Request) -> web.Response:
         name = self.config.served_model_name
-        model = {
-            "id": name,
-            "object": "model",
-            "owned_by": "serving_study",
-            "root": name,
-        }
+        model = dict(id=name, object="model", owned_by="serving_study", root=name)
         return web.json_response({"object": "list", "data": [model]})
 
     async def server_info(self, request: web.Request) -> web.Response:
@@ -178,7 +165,7 @@ class Engine:
             "mm_utils_path": str(self.variant.mm_utils_path),
             "mm_utils_sha256": self.variant.mm_utils_sha256,
             "shm_pointer_free_names": list(self.variant.free_names),
-            "request_path": self.request_path.timings.as_dict(),
+            "request_path": asdict(self.request_path.timings),
             "inline_fallbacks": self.request_path.inline_fallbacks,
             "python_version": platform.python_version(),
             "torch_version": torch.__version__,
@@ -277,15 +264,6 @@ def resolved_preprocess_device(requested: str) -> str:
     if requested == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     return requested
-
-
-def scheduler_settings(config: EngineConfig, mm_utils_sha256: str) -> SchedulerSettings:
-    return SchedulerSettings(
-        sglang_source=config.sglang_source,
-        mm_utils_sha256=mm_utils_sha256,
-        timing=config.timing,
-        parent_pid=os.getpid(),
-    )
 
 
 def run_engine(

@@ -95,11 +95,9 @@ def load_shm_pointer_class(sglang_python_root: Path) -> type:
 
 
 def load_variant_transport(sglang_python_root: Path) -> VariantTransport:
-    """Compile the variant's transport class from the files under the root.
-
-    `sglang_python_root` is the directory holding the `sglang/` package
-    (e.g. `site-packages`, or `python/` in a checkout).
-    """
+    """Compile the variant's transport class from the files under
+    `sglang_python_root`, the directory holding the `sglang/` package (e.g.
+    `site-packages`, or `python/` in a checkout)."""
     root = Path(sglang_python_root)
     mm_utils_path = (root / MM_UTILS_RELATIVE_PATH).resolve()
     if not mm_utils_path.is_file():
@@ -117,7 +115,6 @@ def load_variant_transport(sglang_python_root: Path) -> VariantTransport:
     class_free_names = _free_names(mm_utils_text, class_node, mm_utils_path)
 
     stale_shm_cleanup_path = None
-    cleanup_sha256 = ""
     if SHM_NAME_FUNCTION in class_free_names:
         stale_shm_cleanup_path = (root / STALE_SHM_CLEANUP_RELATIVE_PATH).resolve()
         if not stale_shm_cleanup_path.is_file():
@@ -140,9 +137,10 @@ def load_variant_transport(sglang_python_root: Path) -> VariantTransport:
         )
 
     namespace: dict[str, object] = {"__name__": module_name}
-    for name in sorted(class_free_names):
-        if name == SHM_NAME_FUNCTION:
-            namespace[name] = _compile_shm_name_function(stale_shm_cleanup_path)
+    if stale_shm_cleanup_path is not None:
+        namespace[SHM_NAME_FUNCTION] = _compile_shm_name_function(
+            stale_shm_cleanup_path
+        )
     _provide_names(
         namespace,
         class_free_names - {SHM_NAME_FUNCTION},

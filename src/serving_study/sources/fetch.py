@@ -8,16 +8,13 @@ A source is named in the config by one of three records:
 - ``{"name", "path": "..."}``: a local copy, either a wheel/sdist file or a directory
   that holds ``python/sglang/...`` or ``sglang/...``.
 
-Whatever the kind, the fetched tree is laid out as SGLang's repository is,
-``dest/python/sglang/...``, so that one patch (paths ``a/python/sglang/...``) applies
-to every kind. A git source keeps its whole ``python/`` folder as committed; the other
-kinds keep only the package's ``.py`` files (compiled extensions and data files stay
-in the wheel). A fetched archive is kept in ``dest/archive/``.
-
-``dest/source.json`` records the identity (kind, name, archive sha256 or commit, and a
-sha256 over the laid-out tree), ``dest/files.json`` the sha256 of every file, checked
-whenever the tree is reused. Nothing half-done is ever left at ``dest``: the tree is
-built in a staging directory beside it and renamed into place at the end.
+Every kind is laid out as SGLang's repository is, ``dest/python/sglang/...``, so that
+one patch (paths ``a/python/sglang/...``) applies to all: a git source's whole
+``python/`` folder as committed, the other kinds' package files but bytecode (a
+fetched archive is kept in ``dest/archive/``). ``dest/source.json`` records the
+identity (kind, name, archive sha256 or commit, and a sha256 over the laid-out tree),
+``dest/files.json`` the sha256 of every file. The tree is built beside ``dest`` and
+renamed into place, so nothing half-done is ever left there.
 """
 
 from __future__ import annotations
@@ -27,12 +24,7 @@ import shutil
 from datetime import UTC, datetime
 from pathlib import Path
 
-from serving_study.files import (
-    file_sha256,
-    staged_directory,
-    tree_sha256,
-    write_json,
-)
+from serving_study.files import file_sha256, staged_directory, tree_sha256, write_json
 from serving_study.sources.git_source import fetch_git_source
 from serving_study.sources.package_extraction import (
     PACKAGE,
@@ -55,8 +47,7 @@ def fetch_source(record: dict, dest: Path, download_dir: Path | None = None) -> 
     git), that tree's identity is returned without fetching again, once every file
     is found as recorded (RecordedFileChanged names one that is not); a local path,
     which may have changed, is always copied afresh. ``download_dir`` is an optional
-    cache of downloaded wheels: a compatible wheel found there is used without the
-    network, and a freshly downloaded one is stored there.
+    cache of downloaded wheels (``pypi_source``).
     """
     # Absolute: git and pip run in temporary folders of their own.
     dest = Path(dest).absolute()
@@ -71,28 +62,21 @@ def fetch_source(record: dict, dest: Path, download_dir: Path | None = None) -> 
         and "path" not in record
         and recorded.is_file()
     ):
+        recorded_files = json.loads(recorded.read_text())
         require_unchanged(
-            dest,
-            json.loads(recorded.read_text()),
-            _tree_files(dest),
-            remove=dest,
-            again="fetch it again",
+            dest, recorded_files, _tree_files(dest), again="fetch it again"
         )
         return cached
 
-    if "pypi" in record:
-        fetch = fetch_pypi_source
-    elif "git" in record:
-        fetch = fetch_git_source
-    elif "path" in record:
-        fetch = _fetch_path
-    else:
+    fetchers = {"pypi": fetch_pypi_source, "git": fetch_git_source, "path": _fetch_path}
+    kind = next((name for name in fetchers if name in record), None)
+    if kind is None:
         raise ValueError(
             f"source record {record.get('name')!r} names no kind: give one of "
             "'pypi', 'git' or 'path'"
         )
     with staged_directory(dest) as staging:
-        details = fetch(record, staging, download_dir)
+        details = fetchers[kind](record, staging, download_dir)
         python_root = staging / "python"
         identity = {
             "name": record["name"],
@@ -115,9 +99,7 @@ def _tree_files(tree: Path) -> dict[str, str]:
 def read_identity(tree: Path) -> dict | None:
     """Return the identity stored in a fetched tree, or None if there is none."""
     path = Path(tree) / IDENTITY_FILE
-    if not path.is_file():
-        return None
-    return json.loads(path.read_text())
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _fetch_path(record: dict, staging: Path, download_dir: Path | None) -> dict:

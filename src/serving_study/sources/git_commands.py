@@ -18,7 +18,7 @@ GIT_PROBE_TIMEOUT_S = 60
 GIT_FETCH_TIMEOUT_S = 1800
 
 
-def _git_environment() -> dict:
+def git_environment() -> dict:
     """The environment for git: never prompt, never pick up a caller's repository."""
     environment = {
         key: value
@@ -30,9 +30,7 @@ def _git_environment() -> dict:
 
 
 def try_git(
-    arguments: list[str],
-    cwd: Path,
-    timeout: float = GIT_PROBE_TIMEOUT_S,
+    arguments: list[str], cwd: Path, timeout: float = GIT_PROBE_TIMEOUT_S
 ) -> subprocess.CompletedProcess:
     """Run git and return the result whatever its exit status."""
     try:
@@ -42,7 +40,7 @@ def try_git(
             capture_output=True,
             text=True,
             timeout=timeout,
-            env=_git_environment(),
+            env=git_environment(),
         )
     except subprocess.TimeoutExpired:
         return subprocess.CompletedProcess(
@@ -51,9 +49,7 @@ def try_git(
 
 
 def run_git(
-    arguments: list[str],
-    cwd: Path,
-    timeout: float = GIT_PROBE_TIMEOUT_S,
+    arguments: list[str], cwd: Path, timeout: float = GIT_PROBE_TIMEOUT_S
 ) -> subprocess.CompletedProcess:
     """Run git and raise SourceError if it fails."""
     result = try_git(arguments, cwd, timeout=timeout)
@@ -73,8 +69,7 @@ def git_remote(url: str) -> str:
 
 
 def require_reachable(what: str, url: str, repository: Path) -> None:
-    """Raise SourceUnavailable, with the offline way out, when ``url`` cannot be
-    reached."""
+    """Raise SourceUnavailable, with the offline way out, if ``url`` is unreachable."""
     probe = try_git(["ls-remote", "--quiet", "--", url, "HEAD"], repository)
     if probe.returncode != 0:
         raise SourceUnavailable(

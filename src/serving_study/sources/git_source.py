@@ -28,6 +28,8 @@ logger = logging.getLogger(__name__)
 FULL_COMMIT = re.compile(r"[0-9a-f]{40}")
 # What a git source may pin (fullmatch): a sha, never a value git reads as an option.
 PINNED_COMMIT = re.compile(r"[0-9a-f]{7,40}")
+# Every branch and tag: what is fetched when a commit cannot be asked for by sha.
+ALL_REFS = ("+refs/heads/*:refs/remotes/source/*", "+refs/tags/*:refs/tags/*")
 
 
 def fetch_git_source(record: dict, staging: Path, download_dir: Path | None) -> dict:
@@ -45,24 +47,15 @@ def fetch_git_source(record: dict, staging: Path, download_dir: Path | None) -> 
         remote = git_remote(url)
         run_git(["init", "--quiet"], repository)
         require_reachable(f"source {name!r}", remote, repository)
-        # A server gives a commit by sha only when the whole sha is asked for; an
-        # abbreviated one (all the study published for B1's base) needs the history.
+        # An abbreviated sha (all the study published for B1's base) needs the history.
         fetched = (
             try_git(["fetch", "--quiet", "--depth=1", "--", remote, commit], repository)
             if FULL_COMMIT.fullmatch(commit)
             else None
         )
         if fetched is None or fetched.returncode != 0:
-            # Some servers refuse a commit asked for by sha: take all branches and tags.
             try_git(
-                [
-                    "fetch",
-                    "--quiet",
-                    "--",
-                    remote,
-                    "+refs/heads/*:refs/remotes/source/*",
-                    "+refs/tags/*:refs/tags/*",
-                ],
+                ["fetch", "--quiet", "--", remote, *ALL_REFS],
                 repository,
                 timeout=GIT_FETCH_TIMEOUT_S,
             )
@@ -84,9 +77,8 @@ def fetch_git_source(record: dict, staging: Path, download_dir: Path | None) -> 
                 full_commit,
             )
         commit = full_commit
-        if try_git(
-            ["cat-file", "-e", f"{commit}:python/{PACKAGE}"], repository
-        ).returncode:
+        package = try_git(["cat-file", "-e", f"{commit}:python/{PACKAGE}"], repository)
+        if package.returncode != 0:
             raise SourceMismatch(
                 f"source {name!r}: commit {commit} of {url} has no python/{PACKAGE} "
                 "folder. Is this SGLang's repository?"

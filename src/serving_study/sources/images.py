@@ -25,7 +25,6 @@ it. Commands are argument lists; nothing from config reaches a shell.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -33,6 +32,8 @@ import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
+from serving_study.sources.source_errors import last_line
+from serving_study.sources.variants import link_or_copy
 from serving_study.sources.wheelhouse import require_wheelhouse_unchanged
 
 # The image kinds, each the suffix of its Dockerfile (envs/Dockerfile.<kind>) and
@@ -108,18 +109,11 @@ def build_arguments(engine: str, variant: dict, settings: dict) -> dict[str, str
     return arguments
 
 
-def _link_or_copy(source: str, target: str) -> None:
-    try:
-        os.link(source, target)
-    except OSError:
-        shutil.copy2(source, target)
-
-
 def _copy_tree(source: Path, target: Path) -> None:
     shutil.copytree(
         source,
         target,
-        copy_function=_link_or_copy,
+        copy_function=link_or_copy,
         ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info"),
     )
 
@@ -139,11 +133,10 @@ def assemble_context(
 
     ``variant`` is the variant's identity (results/<experiment>/variants/<name>.json),
     whose ``sglang_python_root`` is the variant's ``python/`` tree. The embedded
-    engine's image also takes ``package_directory`` (src/serving_study) and
-    ``wheelhouse``; the ``sglang-cpu`` image takes ``wheelhouse`` (the lock's) and
-    ``python_path_directories`` (the platform's: the load probe, the sgl-kernel
-    stand-in), each laid out as ``serving-study/<its name>``. A wheelhouse's
-    manifest stays out: its timestamp would defeat the build cache.
+    image also takes ``package_directory`` (src/serving_study), both Debian images a
+    ``wheelhouse`` and the SGLang images the platform's ``python_path_directories``,
+    each laid out as ``serving-study/<its name>``. A wheelhouse's manifest stays
+    out: its timestamp would defeat the build cache.
     """
     if engine not in ENGINES:
         raise ValueError(f"no image for engine {engine!r}")
@@ -157,25 +150,20 @@ def assemble_context(
     context.mkdir(parents=True)
     shutil.copyfile(dockerfile, context / "Dockerfile")
     shutil.copyfile(verify_script, context / Path(verify_script).name)
-    if engine == "sglang":
+    if engine in WHEELHOUSE_RULES:
+        _link_wheelhouse(engine, wheelhouse, context / "wheelhouse")
+    if engine == "embedded":
+        if package_directory is None:
+            raise ValueError("the embedded image needs package_directory")
+        _copy_tree(
+            package_directory, context / SERVING_STUDY_DIRECTORY / "src/serving_study"
+        )
+        _copy_tree(variant_python, context / "variant/python")
+    else:
         _copy_python_path_directories(
             python_path_directories, context / SERVING_STUDY_DIRECTORY
         )
         _copy_tree(variant_python / "sglang", context / "variant/python/sglang")
-        return context
-    _link_wheelhouse(engine, wheelhouse, context / "wheelhouse")
-    if engine == "sglang-cpu":
-        _copy_python_path_directories(
-            python_path_directories, context / SERVING_STUDY_DIRECTORY
-        )
-        _copy_tree(variant_python / "sglang", context / "variant/python/sglang")
-        return context
-    if package_directory is None:
-        raise ValueError("the embedded image needs package_directory")
-    _copy_tree(
-        package_directory, context / SERVING_STUDY_DIRECTORY / "src/serving_study"
-    )
-    _copy_tree(variant_python, context / "variant/python")
     return context
 
 
@@ -191,7 +179,7 @@ def _link_wheelhouse(engine: str, wheelhouse: Path | None, target: Path) -> None
     target.mkdir()
     for path in Path(wheelhouse).iterdir():
         if path.suffix in (".whl", ".txt"):
-            _link_or_copy(path, target / path.name)
+            link_or_copy(path, target / path.name)
 
 
 def _copy_python_path_directories(directories: Sequence[Path], target: Path) -> None:
@@ -220,19 +208,14 @@ def build_command(
     arguments: dict[str, str],
     labels: dict[str, str],
     image_id_file: Path,
-    network_host: bool = True,
 ) -> list[str]:
-    """``docker build`` / ``podman build`` of ``context`` writing the image id.
-
-    ``network_host``: a RUN that fetches (apt-get, when the base lacks Python)
-    needs the host's network, since the engine may run without a bridge.
-    """
+    """``docker build`` / ``podman build`` of ``context`` writing the image id."""
     command = [runtime, "build", "--file", str(Path(context) / "Dockerfile")]
     command += ["--tag", tag, "--iidfile", str(image_id_file)]
-    # A failed RUN's container would otherwise stay behind (Docker's legacy builder).
-    command.append("--force-rm")
-    if network_host:
-        command.append("--network=host")
+    # A failed RUN's container would otherwise stay behind (Docker's legacy builder);
+    # a RUN that fetches (apt-get, when the base lacks Python) needs the host's
+    # network, since the engine may run without a bridge.
+    command += ["--force-rm", "--network=host"]
     for name, value in sorted(arguments.items()):
         command += ["--build-arg", f"{name}={value}"]
     for name, value in sorted(labels.items()):
@@ -244,11 +227,10 @@ def engine_answers(runtime: str) -> str | None:
     """None when the runtime's engine answers, else why not (one line)."""
     if shutil.which(runtime) is None:
         return f"{runtime} is not installed"
+    version = "{{.ServerVersion}}" if runtime == "docker" else "{{.Version.Version}}"
     try:
         finished = subprocess.run(
-            [runtime, "info", "--format", "{{.ServerVersion}}"]
-            if runtime == "docker"
-            else [runtime, "info", "--format", "{{.Version.Version}}"],
+            [runtime, "info", "--format", version],
             capture_output=True,
             text=True,
             timeout=60,
@@ -256,8 +238,8 @@ def engine_answers(runtime: str) -> str | None:
     except subprocess.TimeoutExpired:
         return f"`{runtime} info` did not answer within 60 s"
     if finished.returncode != 0:
-        lines = (finished.stderr or finished.stdout).strip().splitlines()
-        return f"`{runtime} info` failed: {lines[-1] if lines else 'no message'}"
+        output = finished.stderr or finished.stdout
+        return f"`{runtime} info` failed: {last_line(output)}"
     return None
 
 
@@ -327,14 +309,15 @@ def build_variant_image(
     image_id_file = Path(image_id_file)
     image_id_file.parent.mkdir(parents=True, exist_ok=True)
     image_id_file.unlink(missing_ok=True)
-    scratch = Path(
-        tempfile.mkdtemp(dir=image_id_file.parent, prefix=f".{variant['name']}.")
-    )
-    try:
+    with tempfile.TemporaryDirectory(
+        dir=image_id_file.parent,
+        prefix=f".{variant['name']}.",
+        ignore_cleanup_errors=True,
+    ) as scratch:
         context = assemble_context(
             engine,
             variant,
-            scratch / "context",
+            Path(scratch) / "context",
             dockerfile=dockerfile,
             verify_script=verify_script,
             package_directory=package_directory,
@@ -350,10 +333,7 @@ def build_variant_image(
             image_id_file=image_id_file,
         )
         run_build(command, log_path)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    image_id = image_id_file.read_text().strip()
-    record = inspect_image(runtime, image_id)
+    record = inspect_image(runtime, image_id_file.read_text().strip())
     Path(inspect_file).write_text(json.dumps(record, indent=2) + "\n")
     return record
 

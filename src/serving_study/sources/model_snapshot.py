@@ -36,41 +36,45 @@ class ModelUnavailable(RuntimeError):
     names the config key to set."""
 
 
-def model_host_path(sglang_settings: dict, download_directory: Path) -> Path:
-    """The model snapshot's directory on this host: ``sglang.model_path``, else
-    ``download_directory``, where the Hub download goes."""
-    if sglang_settings.get("model_path"):
-        return Path(sglang_settings["model_path"]).expanduser().resolve()
-    return Path(download_directory).resolve()
-
-
 def ensure_model_snapshot(sglang_settings: dict, download_directory: Path) -> dict:
     """Check or download (into ``download_directory``) the configured model; return
-    its snapshot record.
+    its snapshot record (``snapshot_record``).
 
-    ``sglang_settings`` is the config's ``sglang`` section. The record has the
-    snapshot's absolute ``path``, the pinned ``revision``, the ``commit`` it is
-    known to be (None when a local snapshot does not say), where it came from
-    (``origin``: local or hub) and ``files``: relative path -> sha256.
+    ``sglang_settings`` is the config's ``sglang`` section. A local snapshot's
+    ``commit`` is None when its place does not say (``local_commit``).
     """
     model = sglang_settings["model"]
-    revision = sglang_settings.get("model_revision")
     if sglang_settings.get("model_path"):
-        path = model_host_path(sglang_settings, download_directory)
-        origin = "local"
+        path = Path(sglang_settings["model_path"]).expanduser().resolve()
         require_complete(path, "sglang.model_path")
+        revision = sglang_settings.get("model_revision")
         commit = local_commit(path, revision)
-    else:
-        revision = pinned_revision(sglang_settings)
-        path = download_snapshot(
-            model, revision, model_host_path(sglang_settings, download_directory)
+        files = snapshot_files(path)
+        return snapshot_record(
+            model, path, files, origin="local", revision=revision, commit=commit
         )
-        origin = "hub"
-        require_complete(path, "the downloaded snapshot")
-        commit = revision
+    revision = pinned_revision(sglang_settings)
+    path = download_snapshot(model, revision, Path(download_directory).resolve())
+    require_complete(path, "the downloaded snapshot")
     files = snapshot_files(path)
-    if origin == "hub":
-        _require_as_recorded(path, model, revision, files)
+    _require_as_recorded(path, model, revision, files)
+    return snapshot_record(
+        model, path, files, origin="hub", revision=revision, commit=revision
+    )
+
+
+def snapshot_record(
+    model: str,
+    path: Path,
+    files: dict[str, str],
+    *,
+    origin: str,
+    revision: str | None = None,
+    commit: str | None = None,
+) -> dict:
+    """Which model is served from where: the snapshot's absolute ``path``, the
+    pinned ``revision``, the ``commit`` it is known to be, its ``origin`` (local,
+    hub or tiny) and ``files``: relative path -> sha256."""
     return {
         "model": model,
         "revision": revision,
@@ -181,9 +185,7 @@ def _require_as_recorded(
     if record.is_file():
         recorded = json.loads(record.read_text())
         if {key: recorded.get(key) for key in pin} == pin:
-            require_unchanged(
-                path, recorded["files"], files, remove=path, again="download it again"
-            )
+            require_unchanged(path, recorded["files"], files, again="download it again")
             return
     record.parent.mkdir(parents=True, exist_ok=True)
     write_json(record, pin | {"files": files})
@@ -192,10 +194,8 @@ def _require_as_recorded(
 def snapshot_files(path: Path) -> dict[str, str]:
     """Relative path -> sha256 of every file of the snapshot, huggingface_hub's
     bookkeeping left out. Links (as in a Hugging Face cache) are followed."""
-    files = {}
-    for file in sorted(path.rglob("*")):
-        relative = file.relative_to(path)
-        if relative.parts[0] == HUB_BOOKKEEPING or not file.is_file():
-            continue
-        files[relative.as_posix()] = file_sha256(file)
-    return files
+    return {
+        file.relative_to(path).as_posix(): file_sha256(file)
+        for file in sorted(path.rglob("*"))
+        if file.is_file() and file.relative_to(path).parts[0] != HUB_BOOKKEEPING
+    }

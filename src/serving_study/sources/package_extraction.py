@@ -98,10 +98,7 @@ def _opened_archive(archive: Path) -> Iterator[tuple[list[str], Callable]]:
 
 
 def _refuse_leaving_member(
-    archive: Path,
-    name: str,
-    symlink: str | None = None,
-    hardlink: str | None = None,
+    archive: Path, name: str, symlink: str | None = None, hardlink: str | None = None
 ) -> None:
     """Raise SourceMismatch, naming the archive and the member, when the member has
     an absolute path or a ``..`` part, or is a link (a symlink's target is relative
@@ -140,9 +137,8 @@ def package_directory(name: str, local: Path) -> Path:
 def copy_package_sources(package: Path, python_dir: Path) -> None:
     """Copy the package's files but bytecode (see ``extract_package_sources``)."""
     for source in package.rglob("*"):
-        if not source.is_file() or "__pycache__" in source.parts:
-            continue
-        if source.suffix == ".pyc":
+        bytecode = "__pycache__" in source.parts or source.suffix == ".pyc"
+        if bytecode or not source.is_file():
             continue
         target = python_dir / PACKAGE / source.relative_to(package)
         target.parent.mkdir(parents=True, exist_ok=True)

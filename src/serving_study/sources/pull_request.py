@@ -50,14 +50,9 @@ def fetch_pull_request_diff(
             ["remote.origin.partialclonefilter", "blob:none"],
         ):
             run_git(["config", *setting], repository)
+        refspec = f"+{pull_ref}:{pull_ref}"
         fetched = try_git(
-            [
-                "fetch",
-                "--quiet",
-                "--filter=blob:none",
-                "origin",
-                f"+{pull_ref}:{pull_ref}",
-            ],
+            ["fetch", "--quiet", "--filter=blob:none", "origin", refspec],
             repository,
             timeout=GIT_FETCH_TIMEOUT_S,
         )
@@ -66,13 +61,8 @@ def fetch_pull_request_diff(
                 f"{where} could not be fetched ({last_line(fetched.stderr)}). Check "
                 "the pull request number."
             )
-        has_base = (
-            try_git(
-                ["cat-file", "-e", f"{base_commit}^{{commit}}"], repository
-            ).returncode
-            == 0
-        )
-        if not has_base:
+        base = try_git(["cat-file", "-e", f"{base_commit}^{{commit}}"], repository)
+        if base.returncode != 0:
             try_git(
                 ["fetch", "--quiet", "--filter=blob:none", "--", "origin", base_commit],
                 repository,
@@ -93,26 +83,11 @@ def fetch_pull_request_diff(
                 "in the same repository?"
             )
         merge_base_commit = merge_base.stdout.strip()
+        diff_options = ["--no-ext-diff", "--no-color", "--binary"]
+        diff_options += ["--src-prefix=a/", "--dst-prefix=b/"]
         diff = run_git(
-            [
-                "diff",
-                "--no-ext-diff",
-                "--no-color",
-                "--binary",
-                "--src-prefix=a/",
-                "--dst-prefix=b/",
-                merge_base_commit,
-                head,
-                "--",
-                "python",
-            ],
+            ["diff", *diff_options, merge_base_commit, head, "--", "python"],
             repository,
             timeout=GIT_FETCH_TIMEOUT_S,
         )
-    return PullRequestDiff(
-        url=git_url,
-        number=number,
-        head_commit=head,
-        merge_base=merge_base_commit,
-        text=diff.stdout,
-    )
+    return PullRequestDiff(git_url, number, head, merge_base_commit, diff.stdout)

@@ -72,16 +72,10 @@ def pinned_digests(pin: dict) -> list[str]:
 
 
 def _download_wheel(
-    name: str,
-    package: str,
-    version: str,
-    into: Path,
-    download_dir: Path | None,
+    name: str, package: str, version: str, into: Path, download_dir: Path | None
 ) -> Path:
-    """Download the wheel of ``package==version`` that suits this Python into ``into``.
-
-    A wheel cached in ``download_dir`` is tried first, without the network.
-    """
+    """Download the wheel of ``package==version`` that suits this Python into ``into``
+    (from ``download_dir`` first, without the network)."""
     requirement = f"{package}=={version}"
     sources = []
     if download_dir is not None and Path(download_dir).is_dir():
@@ -91,23 +85,10 @@ def _download_wheel(
     for index_options in sources:
         for leftover in into.iterdir():
             leftover.unlink()
-        command = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "--disable-pip-version-check",
-            "--no-input",
-            "--retries=2",
-            "--timeout=30",
-            *index_options,
-            "--dest",
-            str(into),
-            "--",
-            requirement,
-        ]
+        command = [sys.executable, "-m", "pip", "download", "--no-deps"]
+        command += ["--only-binary=:all:", "--disable-pip-version-check", "--no-input"]
+        command += ["--retries=2", "--timeout=30", *index_options]
+        command += ["--dest", str(into), "--", requirement]
         try:
             result = subprocess.run(
                 command, capture_output=True, text=True, timeout=PIP_DOWNLOAD_TIMEOUT_S

@@ -37,8 +37,7 @@ def file_digests(root: Path, leave_out: tuple[str, ...] = ()) -> dict[str, str]:
     venv of several GB is checked at each reuse.
     """
     root = Path(root)
-    digests = {}
-    to_hash = {}
+    digests, to_hash = {}, {}
     for directory, folders, files in os.walk(root):
         here = Path(directory)
         folders[:] = sorted(name for name in folders if name != BYTECODE_DIRECTORY)
@@ -59,19 +58,11 @@ def file_digests(root: Path, leave_out: tuple[str, ...] = ()) -> dict[str, str]:
 
 
 def require_unchanged(
-    root: Path,
-    recorded: dict[str, str],
-    found: dict[str, str],
-    *,
-    remove: Path,
-    again: str,
+    root: Path, recorded: dict[str, str], found: dict[str, str], *, again: str
 ) -> None:
     """Raise RecordedFileChanged naming the first file of ``root`` whose digest
-    ``found`` now differs from the one ``recorded``, and how many more differ.
-
-    ``remove`` is the directory to delete, and ``again`` what deleting it leads to
-    ("fetch it again"), for the message.
-    """
+    ``found`` now differs from the one ``recorded``, and how many more differ;
+    ``again`` is what deleting ``root`` leads to ("fetch it again")."""
     differences = [
         _difference(Path(root) / relative, recorded.get(relative), found.get(relative))
         for relative in sorted(set(recorded) | set(found))
@@ -81,7 +72,7 @@ def require_unchanged(
         return
     more = len(differences) - 1
     also = f" ({more} more file{'s' if more > 1 else ''} differ too)" if more else ""
-    raise RecordedFileChanged(f"{differences[0]}{also}; remove {remove} to {again}")
+    raise RecordedFileChanged(f"{differences[0]}{also}; remove {root} to {again}")
 
 
 def _difference(path: Path, old: str | None, new: str | None) -> str:

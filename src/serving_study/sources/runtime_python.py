@@ -21,21 +21,28 @@ SYSTEM_PYTHON = Path("/usr/bin/python{}.{}".format(*LOCK_PYTHON))
 BASE_CHECK_SCRIPT = "import ensurepip, sys, venv; print('%d.%d' % sys.version_info[:2])"
 
 
-def base_python(system_python: Path = SYSTEM_PYTHON) -> Path:
-    """The Python the venv is made from: ``system_python`` when it runs, is the
-    lock's version and has ``venv``; else the Python running this."""
-    wanted = "{}.{}".format(*LOCK_PYTHON)
+def python_output(
+    python: Path, script: str, *arguments: str, timeout: float
+) -> str | None:
+    """What ``python -c script arguments`` prints, or None when it fails to run."""
     try:
-        found = subprocess.run(
-            [str(system_python), "-c", BASE_CHECK_SCRIPT],
+        finished = subprocess.run(
+            [str(python), "-c", script, *arguments],
             stdin=subprocess.DEVNULL,
             capture_output=True,
             text=True,
-            timeout=60,
+            timeout=timeout,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return Path(sys.executable)
-    if found.returncode == 0 and found.stdout.strip() == wanted:
+        return None
+    return finished.stdout if finished.returncode == 0 else None
+
+
+def base_python(system_python: Path = SYSTEM_PYTHON) -> Path:
+    """The Python the venv is made from: ``system_python`` when it runs, is the
+    lock's version and has ``venv``; else the Python running this."""
+    found = python_output(system_python, BASE_CHECK_SCRIPT, timeout=60)
+    if found is not None and found.strip() == "{}.{}".format(*LOCK_PYTHON):
         return system_python
     return Path(sys.executable)

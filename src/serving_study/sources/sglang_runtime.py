@@ -17,6 +17,7 @@ base is rebuilt.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import queue
@@ -33,21 +34,20 @@ from pathlib import Path
 from serving_study.files import file_sha256, write_json
 from serving_study.sources.hashed_lock import LockNotClosed, read_hashed_lock
 from serving_study.sources.recorded_files import file_digests, require_unchanged
-from serving_study.sources.runtime_python import LOCK_PYTHON, SYSTEM_PYTHON, base_python
+from serving_study.sources.runtime_python import (
+    LOCK_PYTHON,
+    SYSTEM_PYTHON,
+    base_python,
+    python_output,
+)
 
 RECORD = "runtime.json"
 FILES_RECORD = "files.json"
 VENV = "venv"
 PARTIAL_PREFIX = "venv.partial-"
 # The versions worth naming in the record; those the lock lacks are left out.
-RECORDED_PACKAGES = (
-    "torch",
-    "torchvision",
-    "transformers",
-    "tokenizers",
-    "numpy",
-    "pillow",
-    "xgrammar",
+RECORDED_PACKAGES = tuple(
+    "torch torchvision transformers tokenizers numpy pillow xgrammar".split()
 )
 PROGRESS_INTERVAL_S = 10.0
 VERSIONS_SCRIPT = (
@@ -64,9 +64,8 @@ class RuntimeBuildError(RuntimeError):
 
 
 def read_lock(lock_file: Path) -> dict[str, str]:
-    """Canonical name -> version of every package of a closed, hashed lock
-    (``hashed_lock``); sglang itself must not be in it (the variant's tree provides
-    it)."""
+    """Canonical name -> version of every package of a closed, hashed lock; sglang
+    itself must not be in it (the variant's tree provides it)."""
     try:
         packages = read_hashed_lock(Path(lock_file).read_text(), str(lock_file))
     except LockNotClosed as error:
@@ -204,13 +203,13 @@ def _reusable_record(dest: Path, lock_sha256: str, base: Path) -> dict | None:
     except RuntimeBuildError:
         return None
     python = dest / VENV / "bin" / "python"
-    if record.get("lock_sha256") != lock_sha256 or record.get("python") != str(python):
-        return None
-    if record.get("base_python") != str(base):
-        return None
-    if _installed_versions(python, []) is None:
-        return None
-    return record
+    reusable = (
+        record.get("lock_sha256") == lock_sha256
+        and record.get("python") == str(python)
+        and record.get("base_python") == str(base)
+        and _installed_versions(python, []) is not None
+    )
+    return record if reusable else None
 
 
 def _require_files_as_recorded(venv: Path, progress: Callable[[str], None]) -> None:
@@ -223,11 +222,7 @@ def _require_files_as_recorded(venv: Path, progress: Callable[[str], None]) -> N
         _write_json_atomically(recorded, found)
         return
     require_unchanged(
-        venv,
-        json.loads(recorded.read_text()),
-        found,
-        remove=venv,
-        again="build it again",
+        venv, json.loads(recorded.read_text()), found, again="build it again"
     )
 
 
@@ -268,22 +263,10 @@ def _install_lock(
 ) -> None:
     """pip-install exactly the lock into ``venv``, passing pip's output and a
     periodic status line to ``progress``."""
-    argv = [
-        str(python),
-        "-m",
-        "pip",
-        "install",
-        "--require-virtualenv",
-        "--no-deps",
-        "--require-hashes",
-        "--only-binary=:all:",
-        "--no-input",
-        "--disable-pip-version-check",
-        "--progress-bar",
-        "off",
-        "--requirement",
-        str(lock_file),
-    ]
+    argv = [str(python), "-m", "pip", "install", "--require-virtualenv", "--no-deps"]
+    argv += ["--require-hashes", "--only-binary=:all:", "--no-input"]
+    argv += ["--disable-pip-version-check", "--progress-bar", "off"]
+    argv += ["--requirement", str(lock_file)]
     progress("$ " + " ".join(argv))
     started = time.monotonic()
     process = subprocess.Popen(
@@ -358,20 +341,8 @@ def _repoint_venv(venv: Path, built_at: Path) -> None:
 def _installed_versions(python: Path, packages: list[str]) -> dict | None:
     """The venv's Python version and the installed versions of ``packages``, or
     None when that Python does not run."""
-    try:
-        finished = subprocess.run(
-            [str(python), "-c", VERSIONS_SCRIPT, *packages],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=120,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    if finished.returncode != 0:
-        return None
-    return json.loads(finished.stdout)
+    output = python_output(python, VERSIONS_SCRIPT, *packages, timeout=120)
+    return None if output is None else json.loads(output)
 
 
 def _tree_bytes(root: Path) -> int:
@@ -380,8 +351,6 @@ def _tree_bytes(root: Path) -> int:
     total = 0
     for directory, _, files in os.walk(root):
         for name in files:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 total += os.lstat(os.path.join(directory, name)).st_size
-            except FileNotFoundError:
-                continue
     return total

@@ -9,27 +9,22 @@ patches: a 512x512 image becomes 256 image tokens and ``pixel_values`` of shape
 host run the real server. SGLang serves it with ``--load-format dummy``, which
 initialises the weights at random from ``config.json``, so no weight file is written.
 
-Everything is derived from ``TinyModelSettings``: the BPE tokenizer is trained on a
-corpus generated from the seed, and every JSON file is written with sorted keys and a
-fixed indent, so the same settings always give byte-identical files. The directory is
-built beside its destination and renamed into place, so an interrupted write leaves
-nothing half-written.
-
-The settings are ``tiny_model_settings``'s and the tokenizer and processor files
-``tiny_model_processor``'s; this module writes the model's config and the directory.
+Everything is derived from ``TinyModelSettings`` (``tiny_model_settings``), the
+tokenizer and processor files by ``tiny_model_processor``; every JSON file has sorted
+keys and a fixed indent, so the same settings always give byte-identical files. This
+module writes the model's config and the directory, built beside its destination and
+renamed into place, so an interrupted write leaves nothing half-written.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Mapping
-from datetime import UTC, datetime
 from pathlib import Path
 
-from serving_study.files import file_sha256
+from serving_study.files import staged_directory
+from serving_study.sources.model_snapshot import snapshot_files, snapshot_record
 from serving_study.sources.tiny_model_processor import (
     CHAT_TEMPLATE,
     ENDOFTEXT,
@@ -68,52 +63,15 @@ NUM_POSITION_EMBEDDINGS = 2304
 
 def write_tiny_qwen3_vl(dest: Path, settings: TinyModelSettings) -> dict:
     """Write the tiny model's directory at ``dest`` (replacing any there) and return
-    its snapshot record, shaped like ``model_snapshot.ensure_model_snapshot``'s."""
+    its snapshot record (``model_snapshot.snapshot_record``)."""
     dest = Path(dest).absolute()
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(
-        tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".partial", dir=dest.parent)
-    )
-    try:
+    with staged_directory(dest) as staging:
         for name, content in model_files(settings).items():
             (staging / name).write_bytes(content)
         # mkdtemp's private mode would hide the model from a server run as another user.
         os.chmod(staging, 0o755)
-        replace_directory(staging, dest)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    files = {
-        file.name: file_sha256(file)
-        for file in sorted(dest.iterdir())
-        if file.is_file()
-    }
-    return {
-        "model": MODEL_NAME,
-        "revision": None,
-        "commit": None,
-        "origin": "tiny",
-        "path": str(dest),
-        "files": files,
-        "total_bytes": sum((dest / name).stat().st_size for name in files),
-        "checked_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "load_format": "dummy",
-        "settings": settings.as_dict(),
-    }
-
-
-def replace_directory(staging: Path, dest: Path) -> None:
-    """Rename ``staging`` to ``dest``; an existing ``dest`` is moved aside first and
-    deleted only once the new directory is in place."""
-    if not dest.exists():
-        staging.rename(dest)
-        return
-    retired = Path(
-        tempfile.mkdtemp(prefix=f".{dest.name}.", suffix=".old", dir=dest.parent)
-    )
-    dest.rename(retired / dest.name)
-    staging.rename(dest)
-    shutil.rmtree(retired, ignore_errors=True)
+    record = snapshot_record(MODEL_NAME, dest, snapshot_files(dest), origin="tiny")
+    return record | {"load_format": "dummy", "settings": settings.as_dict()}
 
 
 def model_files(settings: TinyModelSettings) -> dict[str, bytes]:
@@ -132,15 +90,8 @@ def model_files(settings: TinyModelSettings) -> dict[str, bytes]:
 
 
 def json_bytes(value: dict) -> bytes:
-    return (
-        json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-    ).encode()
-
-
-def vocab_size(token_ids: Mapping[str, int]) -> int:
-    """The embedding rows: exactly the tokenizer's ids, so every id the random model
-    can sample decodes to a token."""
-    return max(token_ids.values()) + 1
+    text = json.dumps(value, indent=2, sort_keys=True, ensure_ascii=False)
+    return (text + "\n").encode()
 
 
 def model_config(settings: TinyModelSettings, token_ids: Mapping[str, int]) -> dict:
@@ -169,7 +120,8 @@ def model_config(settings: TinyModelSettings, token_ids: Mapping[str, int]) -> d
         "rope_theta": ROPE_THETA,
         "tie_word_embeddings": True,
         "use_cache": True,
-        "vocab_size": vocab_size(token_ids),
+        # Exactly the tokenizer's ids: every id the random model samples decodes.
+        "vocab_size": max(token_ids.values()) + 1,
     }
     vision_config = {
         # The block index whose features are also fed into the first text layer.

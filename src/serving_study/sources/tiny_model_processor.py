@@ -136,31 +136,25 @@ def tokenizer_config(token_ids: Mapping[str, int]) -> dict:
 def image_processor_config() -> dict:
     """The real Qwen3-VL's image processor: Qwen2-VL's, torchvision backend ("Fast"
     is the name transformers 5 still maps to it), 16-pixel patches."""
-    return {
-        "do_convert_rgb": True,
-        "do_normalize": True,
-        "do_rescale": True,
-        "do_resize": True,
-        "image_mean": [0.5, 0.5, 0.5],
-        "image_processor_type": "Qwen2VLImageProcessorFast",
-        "image_std": [0.5, 0.5, 0.5],
-        "merge_size": SPATIAL_MERGE_SIZE,
-        "patch_size": PATCH_SIZE,
-        "processor_class": "Qwen3VLProcessor",
-        "resample": 3,
-        "rescale_factor": 1 / 255,
-        "size": {"longest_edge": IMAGE_MAX_PIXELS, "shortest_edge": IMAGE_MIN_PIXELS},
-        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+    return _media_processor_config(IMAGE_MIN_PIXELS, IMAGE_MAX_PIXELS) | {
+        "image_processor_type": "Qwen2VLImageProcessorFast"
     }
 
 
 def video_processor_config() -> dict:
+    return _media_processor_config(VIDEO_MIN_PIXELS, VIDEO_MAX_PIXELS) | {
+        "do_sample_frames": True,
+        "video_processor_type": "Qwen3VLVideoProcessor",
+    }
+
+
+def _media_processor_config(min_pixels: int, max_pixels: int) -> dict:
+    """What the image and the video processor share: the geometry and the scaling."""
     return {
         "do_convert_rgb": True,
         "do_normalize": True,
         "do_rescale": True,
         "do_resize": True,
-        "do_sample_frames": True,
         "image_mean": [0.5, 0.5, 0.5],
         "image_std": [0.5, 0.5, 0.5],
         "merge_size": SPATIAL_MERGE_SIZE,
@@ -168,9 +162,8 @@ def video_processor_config() -> dict:
         "processor_class": "Qwen3VLProcessor",
         "resample": 3,
         "rescale_factor": 1 / 255,
-        "size": {"longest_edge": VIDEO_MAX_PIXELS, "shortest_edge": VIDEO_MIN_PIXELS},
+        "size": {"longest_edge": max_pixels, "shortest_edge": min_pixels},
         "temporal_patch_size": TEMPORAL_PATCH_SIZE,
-        "video_processor_type": "Qwen3VLVideoProcessor",
     }
 
 

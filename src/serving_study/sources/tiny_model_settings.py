@@ -20,14 +20,9 @@ MODEL_NAME = "tiny-qwen3-vl"
 GENERATOR_VERSION = 1
 DTYPES = tuple(property_schema("sglang", "tiny_model", "dtype")["enum"])
 DEFAULT_DTYPE = property_schema("sglang", "tiny_model", "dtype")["default"]
-CONFIG_KEYS = (
-    "seed",
-    "dtype",
-    "text_hidden_size",
-    "text_layers",
-    "vision_hidden_size",
-    "vision_depth",
-)
+# The model's sizes, each a positive integer.
+SIZE_KEYS = ("text_hidden_size", "text_layers", "vision_hidden_size", "vision_depth")
+CONFIG_KEYS = ("seed", "dtype", *SIZE_KEYS)
 
 # The vision stack's heads: vision_hidden_size must split into them evenly.
 VISION_HEADS = 4
@@ -64,13 +59,7 @@ class TinyModelSettings:
             )
         if isinstance(self.seed, bool) or not isinstance(self.seed, int):
             raise TinyModelError(f"tiny model seed must be an integer: {self.seed!r}")
-        for name in (
-            "text_hidden_size",
-            "text_layers",
-            "vision_hidden_size",
-            "vision_depth",
-            "bpe_vocab_size",
-        ):
+        for name in (*SIZE_KEYS, "bpe_vocab_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise TinyModelError(

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from serving_study.files import file_sha256, staged_directory
+from serving_study.sources.git_commands import git_environment
 from serving_study.sources.pull_request import fetch_pull_request_diff
 
 logger = logging.getLogger(__name__)
@@ -65,10 +66,9 @@ def prepare_variant(
     linked, so a second variant of one source costs only its changed modules.
     Without it the variant carries no bytecode.
 
-    ``patch_path`` is the variant's ``patch`` resolved by the caller (None when the
-    variant has none). A variant with ``pull_request`` fetches that pull request's
-    diff against the source's commit, keeps it as ``dest/pull-request-<N>.patch`` and
-    applies it. The caller writes the identity
+    ``patch_path`` is the variant's ``patch`` resolved by the caller (None without
+    one); a pull request's diff against the source's commit is kept as
+    ``dest/pull-request-<N>.patch``. The caller writes the identity
     (``results/<experiment>/variants/<name>.json``).
     """
     name = variant["name"]
@@ -106,11 +106,10 @@ def prepare_variant(
         shutil.copytree(
             source_python,
             staging / "python",
-            copy_function=_link_or_copy,
+            copy_function=link_or_copy,
             ignore=None if compile_bytecode else shutil.ignore_patterns("__pycache__"),
         )
         if patch_path is not None:
-            patch_path = Path(patch_path)
             apply_patch(patch_path, staging, shown_as=variant.get("patch"))
             patch_record = {
                 "file": variant.get("patch", str(patch_path)),
@@ -176,15 +175,10 @@ def apply_patch(patch_path: Path, tree: Path, shown_as: str | None = None) -> st
     patch_path = Path(patch_path).resolve()
     tree = Path(tree).resolve()
     shown_as = shown_as or patch_path.name
-    environment = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
-    }
     # Outside a repository git apply patches files relative to the current directory.
     # Inside one it would take paths relative to the repository's root: stop it from
     # finding one above the tree.
-    environment["GIT_CEILING_DIRECTORIES"] = str(tree.parent)
+    environment = git_environment() | {"GIT_CEILING_DIRECTORIES": str(tree.parent)}
 
     def git_apply(*options: str) -> subprocess.CompletedProcess:
         return subprocess.run(
@@ -219,7 +213,7 @@ def _drop_bytecode_of_changed_modules(tree: Path, source_python: Path) -> None:
             bytecode.unlink()
 
 
-def _link_or_copy(source: str, target: str) -> None:
+def link_or_copy(source: str, target: str) -> None:
     """Hard-link a file (cheap for a 4,700-file tree); copy across file systems."""
     try:
         os.link(source, target)

@@ -66,13 +66,9 @@ def manylinux_platforms(glibc_version: str, machine: str = "x86_64") -> list[str
         raise ValueError(
             f"glibc {glibc_version} is not a manylinux glibc (2.5 or later)"
         )
-    tags = [f"manylinux_2_{version}_{machine}" for version in range(minor, 4, -1)]
-    tags += [
-        f"{name}_{machine}"
-        for name, needed in LEGACY_MANYLINUX.items()
-        if minor >= needed
-    ]
-    return tags
+    tags = [f"manylinux_2_{version}" for version in range(minor, 4, -1)]
+    tags += [name for name, needed in LEGACY_MANYLINUX.items() if minor >= needed]
+    return [f"{tag}_{machine}" for tag in tags]
 
 
 def installed_versions() -> dict[str, str]:
@@ -104,11 +100,6 @@ def lock_pins(lock_lines: list[str]) -> dict[str, str]:
             f"a closed lock pins and hashes each package: {error}"
         ) from None
     return {name: package.version for name, package in packages.items()}
-
-
-def wheel_name(wheel: Path) -> str:
-    """The canonical distribution name of a wheel file (``torch-2.14.1-...whl``)."""
-    return canonical_name(wheel.name.split("-", 1)[0])
 
 
 def download_command(
@@ -169,12 +160,11 @@ def make_wheelhouse(
         finished = subprocess.run(
             command, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S
         )
+        output = finished.stdout + finished.stderr
         if log_path is not None:
-            Path(log_path).write_text(
-                " ".join(command) + "\n" + finished.stdout + finished.stderr
-            )
+            Path(log_path).write_text(" ".join(command) + "\n" + output)
         if finished.returncode != 0:
-            tail = "\n".join((finished.stdout + finished.stderr).splitlines()[-15:])
+            tail = "\n".join(output.splitlines()[-15:])
             raise WheelhouseFailed(
                 f"pip download of {requirements} for CPython {python_version} "
                 f"(glibc {glibc_version}) failed:\n{tail}"
@@ -223,7 +213,6 @@ def require_wheelhouse_unchanged(wheelhouse: Path) -> None:
         wheelhouse,
         manifest["files"],
         wheelhouse_files(wheelhouse),
-        remove=wheelhouse,
         again="download it again",
     )
 
@@ -242,7 +231,8 @@ def refuse_cuda_wheels(wheels: list[Path]) -> None:
 
 def refuse_wheels_off_the_lock(wheels: list[Path], pins: dict[str, str]) -> None:
     """Exactly one wheel per line of the lock, none besides."""
-    names = [wheel_name(wheel) for wheel in wheels]
+    # A wheel's file name starts with its distribution's: torch-2.14.1-...whl.
+    names = [canonical_name(wheel.name.split("-", 1)[0]) for wheel in wheels]
     missing = sorted(set(pins) - set(names))
     extra = sorted({name for name in names if name not in pins})
     doubled = sorted({name for name in names if names.count(name) > 1})
