@@ -8,11 +8,8 @@ import subprocess
 import sys
 from importlib import metadata
 
-from serving_study.measure.run_provenance import (
-    config_sha256,
-    project_commit,
-    run_provenance,
-)
+from serving_study.config.content_keys import canonical_sha256
+from serving_study.measure.run_provenance import project_commit, run_provenance
 from serving_study.servers.host import cpu_model
 
 
@@ -57,8 +54,8 @@ def test_the_config_hash_ignores_key_order_and_sees_every_value():
     first = {"arms": [{"name": "A", "cpu_quota": 0.5}], "seed": 1}
     reordered = {"seed": 1, "arms": [{"cpu_quota": 0.5, "name": "A"}]}
     changed = {"seed": 1, "arms": [{"cpu_quota": 0.25, "name": "A"}]}
-    assert config_sha256(first) == config_sha256(reordered)
-    assert config_sha256(first) != config_sha256(changed)
+    assert canonical_sha256(first) == canonical_sha256(reordered)
+    assert canonical_sha256(first) != canonical_sha256(changed)
 
 
 def test_the_runner_s_torch_version_is_read_without_importing_torch():

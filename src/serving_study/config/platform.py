@@ -36,15 +36,9 @@ from pathlib import Path
 
 DEVICES = ("cpu", "cuda")
 
-CPU_SERVER_FLAGS = (
-    "--device",
-    "cpu",
-    "--attention-backend",
-    "torch_native",
-    "--mm-attention-backend",
-    "sdpa",
-    "--disable-cuda-graph",
-    "--sleep-on-idle",
+CPU_SERVER_FLAGS = tuple(
+    "--device cpu --attention-backend torch_native --mm-attention-backend sdpa "
+    "--disable-cuda-graph --sleep-on-idle".split()
 )
 # The load probe pauses Python's garbage collector in each server process until
 # SGLang's own post-warm-up gc freeze (envs/server-probe/serving_study_startup_gc.py):
@@ -94,10 +88,6 @@ class SGLangPlatform:
     container_gpus: bool
     builds_runtime: bool  # the local runtime is the workflow's venv, not this host's
 
-    @property
-    def on_cpu(self) -> bool:
-        return self.device == "cpu"
-
 
 CPU_PLATFORM = SGLangPlatform(
     device="cpu",
@@ -125,11 +115,7 @@ def host_has_nvidia_gpu() -> bool:
         return False
     try:
         listed = subprocess.run(
-            ["nvidia-smi", "--list-gpus"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-            check=False,
+            ["nvidia-smi", "--list-gpus"], capture_output=True, text=True, timeout=30
         )
     except (OSError, subprocess.TimeoutExpired):
         return False
@@ -153,27 +139,21 @@ def platform_for(device: str) -> SGLangPlatform:
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
-def python_path(
-    platform: SGLangPlatform,
-    variant_python_root: str,
-    project_root: Path = PROJECT_ROOT,
-) -> str:
+def python_path(platform: SGLangPlatform, variant_python_root: str) -> str:
     """The server's PYTHONPATH on this host: the variant's tree first (so its
     ``sglang`` is the one imported), then the platform's directories."""
     directories = [
-        str(project_root / name) for name in platform.python_path_directories
+        str(PROJECT_ROOT / name) for name in platform.python_path_directories
     ]
     return os.pathsep.join([variant_python_root, *directories])
 
 
-def compile_cache(
-    platform: SGLangPlatform, in_container: bool, project_root: Path = PROJECT_ROOT
-) -> tuple[Path, str]:
+def compile_cache(platform: SGLangPlatform, in_container: bool) -> tuple[Path, str]:
     """torch inductor's cache for every server of one kind: the host directory
     (the runner creates it) and the path the server is told, which is that
     directory on this host and its mount point inside a container. Host and images
     keep separate caches: a kernel is built against the Python and compiler
     beside it."""
     where = "container" if in_container else "local"
-    directory = project_root / COMPILE_CACHE_ROOT / f"{where}-{platform.device}"
+    directory = PROJECT_ROOT / COMPILE_CACHE_ROOT / f"{where}-{platform.device}"
     return directory, CONTAINER_COMPILE_CACHE if in_container else str(directory)

@@ -93,6 +93,21 @@ def _field_names(record: type) -> tuple[str, ...]:
     return tuple(field.name for field in dataclasses.fields(record))
 
 
+# The field types (annotations are strings here) whose config value a record takes
+# converted as it is; a record builds its other fields itself.
+PLAIN_TYPES = {"str": str, "int": int, "float": float}
+
+
+def _plain_fields(record: type, values: Mapping) -> dict:
+    """``values`` of ``record``'s str, int and float fields, each converted to the
+    type its annotation names."""
+    return {
+        field.name: PLAIN_TYPES[field.type](values[field.name])
+        for field in dataclasses.fields(record)
+        if field.type in PLAIN_TYPES
+    }
+
+
 def _given(values: Mapping) -> dict:
     """``values`` without the keys that hold nothing (optional keys not set)."""
     return {name: value for name, value in values.items() if value is not None}
@@ -127,39 +142,21 @@ class Arm:
         values = config_values(section, _field_names(cls), "arms")
         threads = values["intra_op_threads"]
         return cls(
-            name=str(values["name"]),
-            variant=str(values["variant"]),
-            workload=str(values["workload"]),
-            transport=str(values["transport"]),
+            **_plain_fields(cls, values),
             cpu_quota=quota_cores(values["cpu_quota"]),
-            quota_scope=str(values["quota_scope"]),
-            quota_timing=str(values["quota_timing"]),
             environment={
                 str(name): str(value) for name, value in values["environment"].items()
             },
             secret_environment=tuple(values["secret_environment"]),
-            concurrency=int(values["concurrency"]),
-            requests=int(values["requests"]),
-            output_tokens=int(values["output_tokens"]),
             intra_op_threads=None if threads is None else int(threads),
             server_args=tuple(values["server_args"]),
         )
 
     def as_config(self) -> dict:
-        return {
-            "name": self.name,
-            "variant": self.variant,
-            "workload": self.workload,
-            "transport": self.transport,
+        return dataclasses.asdict(self) | {
             "cpu_quota": quota_value(self.cpu_quota),
-            "quota_scope": self.quota_scope,
-            "quota_timing": self.quota_timing,
             "environment": dict(self.environment),
             "secret_environment": list(self.secret_environment),
-            "concurrency": self.concurrency,
-            "requests": self.requests,
-            "output_tokens": self.output_tokens,
-            "intra_op_threads": self.intra_op_threads,
             "server_args": list(self.server_args),
         }
 
@@ -202,17 +199,7 @@ class Workload:
     @classmethod
     def from_config(cls, section: Mapping) -> Workload:
         values = config_values(section, _field_names(cls), "workloads")
-        return cls(
-            name=str(values["name"]),
-            seed=int(values["seed"]),
-            images=int(values["images"]),
-            width=int(values["width"]),
-            height=int(values["height"]),
-            format=str(values["format"]),
-            jpeg_quality=int(values["jpeg_quality"]),
-            content=str(values["content"]),
-            input_tokens=int(values["input_tokens"]),
-        )
+        return cls(**_plain_fields(cls, values))
 
     def as_config(self) -> dict:
         return dataclasses.asdict(self)
@@ -318,12 +305,7 @@ class ClientSettings:
     @classmethod
     def from_config(cls, section: Mapping) -> ClientSettings:
         values = config_values(section, _field_names(cls), "client")
-        return cls(
-            warmup_requests=int(values["warmup_requests"]),
-            health_timeout_s=float(values["health_timeout_s"]),
-            request_timeout_s=float(values["request_timeout_s"]),
-            max_dispatch_lag_ms=float(values["max_dispatch_lag_ms"]),
-        )
+        return cls(**_plain_fields(cls, values))
 
     def as_config(self) -> dict:
         return dataclasses.asdict(self)
@@ -343,19 +325,11 @@ class MonitorSettings:
         values = config_values(section, _field_names(cls), "monitors")
         if values["gpu"] not in GPU_SAMPLING:
             raise ValueError(f"monitors.gpu {values['gpu']!r}: one of auto, on, off")
-        return cls(
-            sample_hz=float(values["sample_hz"]),
-            thread_sample_hz=float(values["thread_sample_hz"]),
-            gpu=GPU_SAMPLING[values["gpu"]],
-        )
+        return cls(**_plain_fields(cls, values), gpu=GPU_SAMPLING[values["gpu"]])
 
     def as_config(self) -> dict:
         gpu = next(name for name, value in GPU_SAMPLING.items() if value is self.gpu)
-        return {
-            "sample_hz": self.sample_hz,
-            "thread_sample_hz": self.thread_sample_hz,
-            "gpu": gpu,
-        }
+        return dataclasses.asdict(self) | {"gpu": gpu}
 
 
 @dataclass(frozen=True)
@@ -375,12 +349,7 @@ class HostSharing:
             raise ValueError(
                 f"host_sharing.lock {values['lock']!r}: one of {LOCK_MODES}"
             )
-        return cls(
-            lock=str(values["lock"]),
-            lock_wait_s=float(values["lock_wait_s"]),
-            lock_file=Path(values["lock_file"]),
-            max_other_load_cores=float(values["max_other_load_cores"]),
-        )
+        return cls(**_plain_fields(cls, values), lock_file=Path(values["lock_file"]))
 
     def as_config(self) -> dict:
         return dataclasses.asdict(self) | {"lock_file": str(self.lock_file)}

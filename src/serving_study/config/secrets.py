@@ -20,16 +20,7 @@ from serving_study.config.records import Arm
 # (OPENAI_API_KEY, --admin-api-key). Whole words, so that TOKENIZERS_PARALLELISM
 # and --max-total-tokens are not secrets.
 SECRET_WORDS = frozenset(
-    {
-        "TOKEN",
-        "SECRET",
-        "PASSWORD",
-        "PASSWD",
-        "PASSPHRASE",
-        "CREDENTIAL",
-        "CREDENTIALS",
-        "APIKEY",
-    }
+    "TOKEN SECRET PASSWORD PASSWD PASSPHRASE CREDENTIAL CREDENTIALS APIKEY".split()
 )
 SECRET_WORD_PAIRS = frozenset({("API", "KEY"), ("ACCESS", "KEY"), ("PRIVATE", "KEY")})
 # scheme://authority anywhere in a text (a URL inside an argument or a value).

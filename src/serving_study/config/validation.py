@@ -1,15 +1,15 @@
 """Checking an experiment's config before any job runs.
 
 The JSON schema (config/schema/config.schema.yaml) says what each key may hold;
-this module applies it, fills in the schema's defaults, and adds the checks a
-schema cannot express: names that must be unique, and names that must refer to
-something defined elsewhere in the same config. ``key_problems`` applies the same
-schema to one piece of a config (a workload given to the generator directly), so
-that no job restates a limit or a default. Every problem becomes one line
-that names the file and the key, e.g. ``config/b1.yaml: arms[2].variant: 'patchd'
-names no variant (known: original, patched)``.
+this module applies it (``key_problems``: to one piece of a config), fills in the
+schema's defaults, and adds the checks a schema cannot express: names that must be
+unique, and names that must refer to something defined elsewhere in the same
+config. Every problem becomes one line that names the file and the key, e.g.
+``config/b1.yaml: arms[2].variant: 'patchd' names no variant (known: original,
+patched)``.
 """
 
+import copy
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -47,12 +47,7 @@ def _fill_defaults(validator_class):
         if isinstance(instance, dict):
             for name, subschema in properties.items():
                 if "default" in subschema and name not in instance:
-                    default = subschema["default"]
-                    instance[name] = (
-                        type(default)(default)
-                        if isinstance(default, dict | list)
-                        else default
-                    )
+                    instance[name] = copy.copy(subschema["default"])
         yield from validate_properties(validator, properties, instance, schema)
 
     return jsonschema.validators.extend(
@@ -64,19 +59,18 @@ _DefaultFillingValidator = _fill_defaults(jsonschema.Draft202012Validator)
 
 
 def _schema_message(error: jsonschema.ValidationError, root: Sequence = ()) -> str:
-    where = key_path([*root, *error.absolute_path])
+    path = list(error.absolute_path)
+    where = key_path([*root, *path])
     if error.validator == "additionalProperties":
         unknown = sorted(set(error.instance) - set(error.schema.get("properties", {})))
         allowed = ", ".join(sorted(error.schema.get("properties", {})))
         return (
             f"{where}: unknown key {', '.join(map(repr, unknown))} (allowed: {allowed})"
         )
-    if error.validator == "required":
-        return f"{where}: {error.message}"
     if (
         error.validator == "anyOf"
         and list(error.schema_path)[-2:-1] == ["propertyNames"]
-        and list(error.absolute_path)[-1:] == ["environment"]
+        and path[-1:] == ["environment"]
     ):
         known = next(
             (choice["enum"] for choice in error.schema["anyOf"] if "enum" in choice),
@@ -88,30 +82,21 @@ def _schema_message(error: jsonschema.ValidationError, root: Sequence = ()) -> s
         )
     if (
         error.validator in ("pattern", "enum")
-        and list(error.absolute_path)[-2:-1] == ["environment"]
+        and path[-2:-1] == ["environment"]
         and "description" in error.schema
     ):
         return (
             f"{where}: {error.instance!r} is not allowed; give "
             f"{error.schema['description'].strip()}"
         )
-    if (
-        error.validator == "oneOf"
-        and error.absolute_path
-        and (
-            error.absolute_path[-1] == "cpu_quota"
-            or list(error.absolute_path)[-2:-1] == ["cpu_quotas"]
-        )
+    if error.validator == "oneOf" and (
+        path[-1:] == ["cpu_quota"] or path[-2:-1] == ["cpu_quotas"]
     ):
         return (
             f"{where}: {error.instance!r} is not a CPU quota: give a number of cores "
             'greater than 0, or "none" to run without a quota'
         )
-    if (
-        error.validator == "oneOf"
-        and error.absolute_path
-        and (len(error.absolute_path) == 2 and error.absolute_path[0] == "sources")
-    ):
+    if error.validator == "oneOf" and len(path) == 2 and path[0] == "sources":
         return f"{where}: a source needs exactly one of 'pypi', 'git' or 'path'"
     return f"{where}: {error.message}"
 
@@ -160,6 +145,7 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
     sources = {source["name"]: source for source in config.get("sources", [])}
     for index, variant in enumerate(config.get("variants", [])):
         where = f"variants[{index}]"
+        source = sources.get(variant["source"], {})
         problems += _must_name(variant["source"], sources, f"{where}.source", "source")
         if "patch" in variant and not (project_root / variant["patch"]).is_file():
             problems.append(
@@ -168,25 +154,19 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
             )
         if "pull_request" in variant and "patch" in variant:
             problems.append(f"{where}: give either 'patch' or 'pull_request', not both")
-        if "pull_request" in variant:
-            source = sources.get(variant["source"], {})
-            if "git" not in source:
-                problems.append(
-                    f"{where}.pull_request: a pull request can only be applied to a "
-                    "git source; give the variant a source with 'git'"
-                )
+        if "pull_request" in variant and "git" not in source:
+            problems.append(
+                f"{where}.pull_request: a pull request can only be applied to a git "
+                "source; give the variant a source with 'git'"
+            )
 
     variant_names = [variant["name"] for variant in config.get("variants", [])]
     workload_names = [workload["name"] for workload in config.get("workloads", [])]
     arm_names = [arm["name"] for arm in config.get("arms", [])]
     for index, arm in enumerate(config.get("arms", [])):
         where = f"arms[{index}]"
-        problems += _must_name(
-            arm["variant"], variant_names, f"{where}.variant", "variant"
-        )
-        problems += _must_name(
-            arm["workload"], workload_names, f"{where}.workload", "workload"
-        )
+        for key, known in (("variant", variant_names), ("workload", workload_names)):
+            problems += _must_name(arm[key], known, f"{where}.{key}", key)
         if config.get("engine") == "embedded" and arm.get("server_args"):
             problems.append(
                 f"{where}.server_args: only engine 'sglang' takes server arguments"
@@ -381,7 +361,7 @@ def check_config(
     """
     source = " + ".join(str(path) for path in config_files) or "the config"
     # Before the schema, whose messages may quote a value: a config that holds a
-    # secret gets only the lines that name where (config_secrets.py).
+    # secret gets only the lines that name where (secrets.py).
     problems = secret_problems(config) or replace_deprecated_keys(config)
     if not problems:
         problems = schema_problems(config, load_schema(schema_path))

@@ -39,6 +39,7 @@ from serving_study.measure.run_failure import (
 from serving_study.measure.run_metrics import failed_run_metrics, summarize_run
 from serving_study.measure.run_outputs import RunPaths, now_iso, write_json
 from serving_study.measure.run_timeline import RunTimeline
+from serving_study.measure.run_validity import SHM_WAS_FULL
 from serving_study.measure.run_window import measure
 from serving_study.measure.server_checks import server_identity, validity_checks
 from serving_study.measure.server_queries import read_server_info
@@ -168,9 +169,8 @@ def run_arm(
         # spent its time during the run.
         server_info_after = read_server_info(base_url)
         provenance["server_info_after_run"] = server_info_after
-        inline_images = server_info_after.get("inline_fallbacks", 0) - (
-            server_info.get("inline_fallbacks", 0)
-        )
+        inline_before = server_info.get("inline_fallbacks", 0)
+        inline_images = server_info_after.get("inline_fallbacks", 0) - inline_before
         provenance["client"] = load_summary
         timeline.add_client(load_summary)
         write_json(paths.monitors, window)
@@ -209,19 +209,14 @@ def run_arm(
     # Known only after the window and the teardown; listed beside any other reason.
     late_reasons = []
     if inline_images:
-        late_reasons.append(
-            f"{inline_images} images went inline because /dev/shm was full, so the "
-            "shared-memory copy under study was skipped; give the server more /dev/shm"
-        )
+        late_reasons.append(f"{inline_images} images went inline {SHM_WAS_FULL}")
     if server is not None and server.leaked_segments:
         late_reasons.append(
             f"the server left {len(server.leaked_segments)} shared-memory segments"
         )
     if late_reasons:
-        metrics["valid"] = False
-        metrics["outside_the_arm"] = False
-        earlier = metrics.get("invalid_reasons") or []
-        metrics["invalid_reasons"] = [*earlier, *late_reasons]
+        reasons = [*(metrics.get("invalid_reasons") or []), *late_reasons]
+        metrics.update(valid=False, outside_the_arm=False, invalid_reasons=reasons)
     timeline.note("written")
     provenance.update(
         finished_at=now_iso(),

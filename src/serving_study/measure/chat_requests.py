@@ -65,11 +65,7 @@ def load_requests(manifest_path: Path) -> list[ChatRequest]:
                 f"{sorted(IMAGE_MEDIA_TYPES)}."
             )
         url = f"data:{media_type};base64,".encode() + base64.b64encode(data)
-        chat_requests.append(
-            ChatRequest(
-                image_file=image["file"], messages_json=messages_json(url, prompt)
-            )
-        )
+        chat_requests.append(ChatRequest(image["file"], messages_json(url, prompt)))
     return chat_requests
 
 

@@ -44,7 +44,7 @@ async def stream_chat(
             return
         after_first_token: list[bytes] = []
         pending = b""
-        async for data in response.body():
+        async for data in response.pieces:
             pending += data
             if b"\r" in pending:
                 pending = pending.replace(b"\r\n", b"\n")

@@ -101,23 +101,21 @@ async def run_load(
         raise ValueError("No requests to send: the workload is empty.")
     total = warmup_requests + measured_requests
     endpoint = http1.Endpoint.from_url(base_url.rstrip("/") + "/v1/chat/completions")
-    prepared = [
-        http1.prepare_post(
-            endpoint, r.body(model=model, output_tokens=output_tokens), JSON
-        )
-        for r in requests
-    ]
+    bodies = [r.body(model=model, output_tokens=output_tokens) for r in requests]
+    prepared = [http1.prepare_post(endpoint, body, JSON) for body in bodies]
     records: list[dict | None] = [None] * total
     state = _Progress(total=total)
 
     connections = http1.Connections(endpoint)
     free_slots = asyncio.Semaphore(concurrency)
-    slot_freed_at: collections.deque[float] = collections.deque()
     show_progress = progress and sys.stderr.isatty()
     cpu_started = time.process_time()
     t0 = time.monotonic()
     t0_epoch = time.time()
-    slot_freed_at.extend([t0] * concurrency)
+    slot_freed_at = collections.deque([t0] * concurrency)
+
+    def since_t0(moment: float | None) -> float | None:
+        return None if moment is None else round(moment - t0, 6)
 
     async def one_request(index: int, scheduled_at: float) -> None:
         state.in_flight += 1
@@ -129,16 +127,21 @@ async def run_load(
         except Exception as error:  # recorded per request: connection, payload, JSON
             outcome.error = f"{type(error).__name__}: {error}"[:300]
         ended_at = time.monotonic()
-        records[index] = _record(
-            index,
-            "warmup" if index < warmup_requests else "measured",
-            requests[index % len(requests)].image_file,
-            t0,
-            scheduled_at,
-            sent_at,
-            ended_at,
-            outcome,
-        )
+        records[index] = {
+            "index": index,
+            "phase": "warmup" if index < warmup_requests else "measured",
+            "image_file": requests[index % len(requests)].image_file,
+            "scheduled_s": since_t0(scheduled_at),
+            "sent_s": since_t0(sent_at),
+            "first_token_s": since_t0(outcome.first_token_at),
+            "end_s": since_t0(ended_at),
+            "dispatch_lag_ms": _milliseconds(sent_at, scheduled_at),
+            "ttft_ms": _milliseconds(outcome.first_token_at, sent_at),
+            "e2e_ms": _milliseconds(ended_at, sent_at),
+            "output_tokens": outcome.output_tokens,
+            "status": outcome.status,
+            "error": outcome.error,
+        }
         state.in_flight -= 1
         state.done += 1
         if outcome.error is None:
@@ -186,60 +189,28 @@ async def run_load(
             _draw_progress(state, warmup_requests)
             print(file=sys.stderr)
 
-    return _summary(
-        records,
-        t0=t0,
+    return LoadSummary(
+        t0_monotonic=t0,
         t0_epoch=t0_epoch,
         concurrency=concurrency,
         warmup_requests=warmup_requests,
         measured_requests=measured_requests,
-        max_loop_lag=state.max_loop_lag,
+        **_outcomes([record for record in records if record is not None]),
+        max_loop_lag_ms=round(state.max_loop_lag * 1000, 3),
         client_cpu_seconds=time.process_time() - cpu_started,
         wall_seconds=time.monotonic() - t0,
     )
 
 
-def _record(
-    index: int,
-    phase: str,
-    image_file: str,
-    t0: float,
-    scheduled_at: float,
-    sent_at: float,
-    ended_at: float,
-    outcome: StreamOutcome,
-) -> dict:
-    def since_t0(moment: float | None) -> float | None:
-        return None if moment is None else round(moment - t0, 6)
-
-    def milliseconds(later: float | None, earlier: float) -> float | None:
-        return None if later is None else round((later - earlier) * 1000, 3)
-
-    return {
-        "index": index,
-        "phase": phase,
-        "image_file": image_file,
-        "scheduled_s": since_t0(scheduled_at),
-        "sent_s": since_t0(sent_at),
-        "first_token_s": since_t0(outcome.first_token_at),
-        "end_s": since_t0(ended_at),
-        "dispatch_lag_ms": milliseconds(sent_at, scheduled_at),
-        "ttft_ms": milliseconds(outcome.first_token_at, sent_at),
-        "e2e_ms": milliseconds(ended_at, sent_at),
-        "output_tokens": outcome.output_tokens,
-        "status": outcome.status,
-        "error": outcome.error,
-    }
+def _milliseconds(later: float | None, earlier: float) -> float | None:
+    return None if later is None else round((later - earlier) * 1000, 3)
 
 
 def _write_records(out_path: Path, records: list[dict | None]) -> None:
     """Write the requests that ran, in index order, one JSON object per line."""
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(out_path, "w", encoding="utf-8") as log:
-        for record in records:
-            if record is not None:
-                log.write(json.dumps(record) + "\n")
+    Path(out_path).parent.mkdir(parents=True, exist_ok=True)
+    lines = [json.dumps(record) + "\n" for record in records if record is not None]
+    Path(out_path).write_text("".join(lines), encoding="utf-8")
 
 
 def _draw_progress(state: _Progress, warmup_requests: int) -> None:
@@ -253,25 +224,17 @@ def _draw_progress(state: _Progress, warmup_requests: int) -> None:
     )
 
 
-def _summary(records: list[dict | None], **figures: float | int) -> LoadSummary:
-    ran = [record for record in records if record is not None]
+def _outcomes(ran: list[dict]) -> dict:
+    """The summary's figures of the requests that ran: the measured ones' first
+    send and last end, the outcomes of each phase, and the worst dispatch lag."""
     measured = [record for record in ran if record["phase"] == "measured"]
     warmup = [record for record in ran if record["phase"] == "warmup"]
-    lags = [record["dispatch_lag_ms"] for record in ran]
-    return LoadSummary(
-        t0_monotonic=figures["t0"],
-        t0_epoch=figures["t0_epoch"],
-        concurrency=figures["concurrency"],
-        warmup_requests=figures["warmup_requests"],
-        measured_requests=figures["measured_requests"],
-        measured_start_s=min((r["sent_s"] for r in measured), default=None),
-        measured_end_s=max((r["end_s"] for r in measured), default=None),
-        measured_ok=sum(1 for r in measured if r["error"] is None),
-        measured_errors=sum(1 for r in measured if r["error"] is not None),
-        warmup_ok=sum(1 for r in warmup if r["error"] is None),
-        warmup_errors=sum(1 for r in warmup if r["error"] is not None),
-        max_dispatch_lag_ms=max(lags, default=None),
-        max_loop_lag_ms=round(figures["max_loop_lag"] * 1000, 3),
-        client_cpu_seconds=figures["client_cpu_seconds"],
-        wall_seconds=figures["wall_seconds"],
-    )
+    return {
+        "measured_start_s": min((r["sent_s"] for r in measured), default=None),
+        "measured_end_s": max((r["end_s"] for r in measured), default=None),
+        "measured_ok": sum(1 for r in measured if r["error"] is None),
+        "measured_errors": sum(1 for r in measured if r["error"] is not None),
+        "warmup_ok": sum(1 for r in warmup if r["error"] is None),
+        "warmup_errors": sum(1 for r in warmup if r["error"] is not None),
+        "max_dispatch_lag_ms": max((r["dispatch_lag_ms"] for r in ran), default=None),
+    }

@@ -77,7 +77,6 @@ class Gpu:
     def figures(self, samples: GpuSamples) -> dict:
         """The device and what one window's samples saw of it."""
         utilisation = samples.utilisation
-        memory_utilisation = samples.memory_utilisation
         server_memory = samples.server_memory_bytes
         return {
             **self.description,
@@ -86,7 +85,7 @@ class Gpu:
                 statistics.median(utilisation) if utilisation else None
             ),
             "util_percent_max": max(utilisation) if utilisation else None,
-            "memory_util_percent_mean": _mean(memory_utilisation),
+            "memory_util_percent_mean": _mean(samples.memory_utilisation),
             "memory_used_mib": max(server_memory) / 2**20 if server_memory else None,
             "utilisation_samples": len(utilisation),
             "process_list_samples": len(server_memory),
@@ -98,7 +97,7 @@ class Gpu:
         self._nvml.nvmlShutdown()
 
 
-def open_gpu(wanted: bool | None, index: int) -> tuple[Gpu | None, str | None]:
+def open_gpu(wanted: bool | None, index: int = 0) -> tuple[Gpu | None, str | None]:
     """The GPU to sample, or None and why; with `wanted=True` absence is an error."""
     if wanted is False:
         return None, "GPU sampling switched off"

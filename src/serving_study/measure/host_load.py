@@ -89,14 +89,13 @@ def other_load(start: LoadReading, end: LoadReading) -> dict:
         raise ValueError("the end reading must come after the start reading")
     busy = end.host.busy_seconds - start.host.busy_seconds
     own = end.own_seconds - start.own_seconds
+    steal = end.host.steal_seconds - start.host.steal_seconds
     return {
         "wall_seconds": round(wall, 3),
         "host_busy_cores": round(busy / wall, 3),
         "own_cores": round(own / wall, 3),
         "other_cores": round((busy - own) / wall, 3),
-        "steal_cores": round(
-            (end.host.steal_seconds - start.host.steal_seconds) / wall, 3
-        ),
+        "steal_cores": round(steal / wall, 3),
     }
 
 

@@ -29,10 +29,10 @@ import logging
 import os
 import stat
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 from serving_study.config.records import HostSharing
+from serving_study.measure.run_outputs import now_iso
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,8 @@ class MeasurementLock:
             # exclusive holder's, as no exclusive holder can be alive now.
             os.ftruncate(descriptor, 0)
             if not shared:
-                _write_holder(descriptor, holder)
+                record = {"pid": os.getpid(), "holder": holder, "since": now_iso()}
+                os.pwrite(descriptor, (json.dumps(record) + "\n").encode(), 0)
         except BaseException:
             os.close(descriptor)
             raise
@@ -182,16 +183,6 @@ def _try_lock(descriptor: int, shared: bool) -> bool:
             return False
         raise
     return True
-
-
-def _write_holder(descriptor: int, holder: str) -> None:
-    record = {
-        "pid": os.getpid(),
-        "holder": holder,
-        "since": datetime.now(UTC).isoformat(timespec="seconds"),
-    }
-    os.ftruncate(descriptor, 0)
-    os.pwrite(descriptor, (json.dumps(record) + "\n").encode(), 0)
 
 
 def _holder_of(descriptor: int, path: Path) -> str:

@@ -9,13 +9,15 @@ host, where the load client on this module adds about 0.5 ms (`harness_benchmark
 
 Use: `Connections(Endpoint.from_url(url))`, `prepare_post(endpoint, body)` once per
 body, then per request `response = await send(connections, request)`, iterate
-`response.body()`, and always `await connections.release(response)`, which keeps the
-connection only when the answer was read to its end and the server keeps it open.
+`response.pieces` (the body as it arrives), and always `await
+connections.release(response)`, which keeps the connection only when the answer was
+read to its end and the server keeps it open.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -147,7 +149,7 @@ class Response:
     headers: dict[str, str]
     connection: Connection
     complete: bool = False
-    pieces: AsyncIterator[bytes] = field(init=False)
+    pieces: AsyncIterator[bytes] = field(init=False)  # the body's; iterate it once
 
     def __post_init__(self) -> None:
         self.pieces = self._read_body()
@@ -169,10 +171,6 @@ class Response:
     def keep_alive(self) -> bool:
         return self.headers.get("connection", "").lower() != "close"
 
-    def body(self) -> AsyncIterator[bytes]:
-        """The body's pieces as they arrive (iterate it once)."""
-        return self.pieces
-
     async def read_all(self) -> bytes:
         return b"".join([piece async for piece in self.pieces])
 
@@ -182,12 +180,10 @@ class Response:
         A body read to its end leaves the connection reusable; one that is not
         done in time is given up (its connection is closed on release).
         """
-        try:
+        with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout_s):
                 async for _ in self.pieces:
                     pass
-        except TimeoutError:
-            pass
 
     async def _read_body(self) -> AsyncIterator[bytes]:
         reader = self.connection.reader

@@ -15,7 +15,7 @@ the window starts (server_processes.py: the main HTTP/tokenizer process and the
 
 Window figures come from cumulative counters read at the window's start and end, so
 they do not depend on the sampling rate; the samples give a time series and
-medians/maxima. `stop_window()` returns a JSON-serialisable dict (monitors.json).
+medians/maxima.
 """
 
 from __future__ import annotations
@@ -35,7 +35,6 @@ from serving_study.measure.gpu_sampling import (
 from serving_study.measure.host_load import HostLoadMeter
 from serving_study.measure.process_counters import (
     CounterReading,
-    ReadableGroup,
     percent,
     read_counters,
 )
@@ -50,6 +49,7 @@ from serving_study.measure.thread_cpu import (
     read_thread_run_time,
     threads_that_ran,
 )
+from serving_study.servers.cpu_group import CpuGroup
 
 
 @dataclass
@@ -80,11 +80,10 @@ class RunMonitors:
     def __init__(
         self,
         root_pid: int,
-        group: ReadableGroup | None,
+        group: CpuGroup | None,
         sample_hz: float = 10,
         thread_sample_hz: float = 1,
         gpu: bool | None = None,
-        gpu_index: int = 0,
         host_load: HostLoadMeter | None = None,
     ) -> None:
         if sample_hz <= 0:
@@ -94,15 +93,13 @@ class RunMonitors:
         self.sample_hz = sample_hz
         self.thread_sample_hz = thread_sample_hz
         self.host_load = host_load
-        self._gpu, self._gpu_unavailable_reason = open_gpu(gpu, gpu_index)
+        self._gpu, self._gpu_unavailable_reason = open_gpu(gpu)
         self._window: _Window | None = None
         self._discovered: (
             tuple[ServerProcesses, list[int], dict[str, str | None]] | None
         ) = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
-
-    # -- window control
 
     def discover(self) -> ServerProcesses:
         """Find the server's processes now (a few ms); start_window() reuses them.
@@ -146,7 +143,7 @@ class RunMonitors:
         self._thread.start()
 
     def stop_window(self) -> dict:
-        """Stop sampling and return the window's figures (JSON-serialisable)."""
+        """Stop sampling and return the window's figures (monitors.json)."""
         window = self._window
         if window is None:
             raise RuntimeError("No window is open; call start_window() first.")
@@ -160,8 +157,7 @@ class RunMonitors:
         window.sampler_cpu_seconds += time.thread_time() - cost_started
         self._window = None
         figures = self._figures(window, end, thread_run_time_at_end, group_pids_at_end)
-        figures["host_load"] = host_load
-        return figures
+        return figures | {"host_load": host_load}
 
     def stop(self) -> None:
         """End the sampling thread and release NVML; safe to call at any time."""
@@ -171,12 +167,6 @@ class RunMonitors:
         if self._gpu is not None:
             self._gpu.close()
             self._gpu = None
-
-    def __enter__(self) -> RunMonitors:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop()
 
     def _end_thread(self) -> None:
         self._stopping.set()
@@ -192,8 +182,6 @@ class RunMonitors:
             return read_thread_run_time(processes.main.pid)
         except OSError:
             return {}
-
-    # -- the sampling thread
 
     def _sample_until_stopped(self, window: _Window) -> None:
         cost_started = time.thread_time()
@@ -236,6 +224,9 @@ class RunMonitors:
         self, window: _Window, previous: CounterReading, reading: CounterReading
     ) -> dict:
         interval = reading.at - previous.at
+        cgroup = {}
+        if previous.group is not None and reading.group is not None:
+            cgroup = previous.group.delta(reading.group)
         sample = {
             "t": round(reading.at - window.start.at, 4),
             "main_cpu_percent": percent(previous.main_cpu, reading.main_cpu, interval),
@@ -243,22 +234,16 @@ class RunMonitors:
                 previous.scheduler_cpu, reading.scheduler_cpu, interval
             ),
             "main_threads": reading.main_threads,
-            "cgroup_cores_used": None,
-            "cgroup_throttled_share": None,
+            "cgroup_cores_used": cgroup.get("cores_used"),
+            "cgroup_throttled_share": cgroup.get("throttled_share"),
         }
         if reading.main_threads is not None:
             window.main_thread_counts.append(reading.main_threads)
-        if previous.group is not None and reading.group is not None:
-            delta = previous.group.delta(reading.group)
-            sample["cgroup_cores_used"] = delta["cores_used"]
-            sample["cgroup_throttled_share"] = delta["throttled_share"]
         if self._gpu is not None:
             gpu_percent = self._gpu.sample_utilisation(window.gpu)
             if gpu_percent is not None:
                 sample["gpu_util_percent"] = gpu_percent
         return sample
-
-    # -- restarts
 
     def _note_missing_processes(self, window: _Window, reading: CounterReading) -> None:
         if reading.main_cpu is None:
@@ -287,20 +272,19 @@ class RunMonitors:
         if found_scheduler != known_scheduler:
             _note_once(window.changes, f"scheduler process now {found_scheduler}")
 
-    # -- the result
-
     def _figures(
         self,
         window: _Window,
         end: CounterReading,
-        thread_run_time_at_end: dict[int, int],
+        run_time_at_end: dict[int, int],
         group_pids_at_end: list[int],
     ) -> dict:
         start = window.start
+        run_time_at_start = window.thread_run_time_at_start
         wall_seconds = end.at - start.at
         processes = window.processes
-        thread_counts = _spread(window.main_thread_counts) or {}
-        active = _spread(window.active_threads_per_interval) or {}
+        counts = window.main_thread_counts
+        active = window.active_threads_per_interval
         figures = {
             "window": {
                 "start_epoch": window.start_epoch,
@@ -329,24 +313,21 @@ class RunMonitors:
                 start.scheduler_cpu, end.scheduler_cpu, wall_seconds
             ),
             "threads": {
-                "main_median": thread_counts.get("median"),
-                "main_min": thread_counts.get("min"),
-                "main_max": thread_counts.get("max"),
-                "main_active_per_interval_median": active.get("median"),
-                "main_active_per_interval_max": active.get("max"),
+                "main_median": statistics.median(counts) if counts else None,
+                "main_min": min(counts, default=None),
+                "main_max": max(counts, default=None),
+                "main_active_per_interval_median": (
+                    statistics.median(active) if active else None
+                ),
+                "main_active_per_interval_max": max(active, default=None),
                 "main_active_in_window": (
-                    threads_that_ran(
-                        window.thread_run_time_at_start, thread_run_time_at_end
-                    )
-                    if thread_run_time_at_end
+                    threads_that_ran(run_time_at_start, run_time_at_end)
+                    if run_time_at_end
                     else None
                 ),
                 "main_environment": window.main_environment,
                 **main_thread_split(
-                    window.thread_run_time_at_start,
-                    thread_run_time_at_end,
-                    processes.main.pid,
-                    wall_seconds,
+                    run_time_at_start, run_time_at_end, processes.main.pid, wall_seconds
                 ),
             },
             "cgroup": None,
@@ -363,17 +344,6 @@ class RunMonitors:
         if self._gpu is not None:
             figures["gpu"] = self._gpu.figures(window.gpu)
         return figures
-
-
-def _spread(values: list[float]) -> dict | None:
-    if not values:
-        return None
-    return {
-        "median": statistics.median(values),
-        "min": min(values),
-        "max": max(values),
-        "mean": statistics.fmean(values),
-    }
 
 
 def _note_once(notes: list[str], note: str) -> None:

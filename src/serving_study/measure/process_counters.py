@@ -11,19 +11,10 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Protocol
 
 from serving_study.measure.server_processes import ServerProcesses
 from serving_study.measure.thread_cpu import CLOCK_TICKS_PER_SECOND
-from serving_study.servers.cpu_group import CpuStat
-
-
-class ReadableGroup(Protocol):
-    """What the monitors need of a control group (CpuGroup or CpuQuotaGroup)."""
-
-    def read_stat(self) -> CpuStat: ...
-    def quota_in_force(self) -> dict: ...
-    def pids(self) -> list[int]: ...
+from serving_study.servers.cpu_group import CpuGroup, CpuStat
 
 
 @dataclass
@@ -37,9 +28,7 @@ class CounterReading:
     group: CpuStat | None
 
 
-def read_counters(
-    processes: ServerProcesses, group: ReadableGroup | None
-) -> CounterReading:
+def read_counters(processes: ServerProcesses, group: CpuGroup | None) -> CounterReading:
     """The server's counters now: its main process, scheduler and group."""
     main_cpu, main_threads = cpu_seconds_and_threads(processes.main.pid)
     scheduler_cpu = None

@@ -100,30 +100,23 @@ class RunAttempts:
             kept / ATTEMPT_RECORD,
             {"settings_sha256": self.settings_sha256, "valid": metrics["valid"]},
         )
-        earlier = self._current()
         if not metrics["valid"] and metrics.get("outside_the_arm"):
-            if self._can_give_back(earlier):
-                log.warning(
-                    "attempt %s is invalid for a reason outside the arm (%s); the "
-                    "run keeps its earlier valid attempt %s",
-                    attempt.name,
-                    "; ".join(metrics.get("invalid_reasons") or []),
-                    earlier["attempt"],
-                )
-                self._publish(earlier["attempt"], failed=attempt.name)
+            reasons = "; ".join(metrics.get("invalid_reasons") or [])
+            why = f"attempt {attempt.name} failed outside the arm ({reasons})"
+            if self.give_back_earlier(why, failed=attempt.name):
                 return json.loads(self.outputs.metrics.read_text())
         self._publish(attempt.name)
         return json.loads(self.outputs.metrics.read_text())
 
-    def give_back_earlier(self, why: str) -> bool:
-        """After an attempt that measured nothing (the host stayed busy): write
-        the earlier valid attempt of the same settings as the run's outputs again.
-        False when there is none to give back."""
+    def give_back_earlier(self, why: str, failed: str | None = None) -> bool:
+        """After an attempt that failed outside the arm (``failed``, when it
+        measured anything): write the earlier valid attempt of the same settings
+        as the run's outputs again. False when there is none to give back."""
         earlier = self._current()
         if not self._can_give_back(earlier):
             return False
         log.warning("%s; the run keeps its earlier attempt %s", why, earlier["attempt"])
-        self._publish(earlier["attempt"])
+        self._publish(earlier["attempt"], failed=failed)
         return True
 
     def _current(self) -> dict | None:
@@ -168,9 +161,7 @@ class RunAttempts:
     def _listed(self) -> dict[str, str]:
         """Each attempt's outcome as last listed (a failed one stays failed)."""
         path = self.root / LISTING
-        if not path.exists():
-            return {}
-        listed = json.loads(path.read_text())
+        listed = json.loads(path.read_text()) if path.exists() else []
         return {entry["attempt"]: entry["outcome"] for entry in listed}
 
     def _describe(self, attempt: str, outcome: str) -> dict:
@@ -202,9 +193,6 @@ def measure_attempt(
         if attempts.give_back_earlier(f"this attempt measured nothing: {busy}"):
             return json.loads(attempts.outputs.metrics.read_text())
         raise
-    try:
+    with lock:
         attempt = attempts.begin()
-        metrics = measure(attempt.paths, lock)
-        return attempts.finish(attempt, metrics)
-    finally:
-        lock.release()
+        return attempts.finish(attempt, measure(attempt.paths, lock))

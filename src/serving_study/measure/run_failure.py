@@ -1,8 +1,6 @@
 """How a run ends early: a recorded failure, or an interrupt that still tears down.
 
-A run that cannot be measured raises `ArmFailed`; its message becomes the run's
-reason, and the study goes on. A SIGTERM from Snakemake becomes an interrupt, so
-every ``finally`` runs and nothing of the server is left behind.
+A run that cannot be measured raises `ArmFailed`, and the study goes on.
 """
 
 import contextlib

@@ -47,12 +47,12 @@ def summarize_run(
     if run is None:
         run = run_number_from_directory(requests_path.parent)
     records = read_request_log(requests_path)
-    monitors = read_monitors(monitors_path)
+    monitors = None
+    if monitors_path.exists():
+        monitors = json.loads(monitors_path.read_text(encoding="utf-8"))
 
-    metrics = _identity(arm, run)
-    metrics.update(request_figures(records))
-    metrics.update(monitor_figures(monitors))
-    metrics.update(cpu_per_request(metrics))
+    metrics = _identity(arm, run) | request_figures(records) | monitor_figures(monitors)
+    metrics |= cpu_per_request(metrics)
     metrics["torch_threads"] = checks.get("torch_threads_seen")
 
     reasons = invalid_reasons(records, monitors, arm, checks)
@@ -69,9 +69,7 @@ def failed_run_metrics(
     arm: Arm, run: int, reason: str, outside_the_arm: bool = False
 ) -> dict:
     """Metrics for a run that crashed before it measured anything: all null."""
-    metrics = _identity(arm, run)
-    for name in (*METRICS, *RUN_COUNTS):
-        metrics[name] = None
+    metrics = _identity(arm, run) | dict.fromkeys((*METRICS, *RUN_COUNTS))
     metrics["valid"] = False
     metrics["invalid_reasons"] = [reason]
     metrics["outside_the_arm"] = outside_the_arm
@@ -83,13 +81,6 @@ def run_number_from_directory(directory: Path) -> int | None:
     """The k of a `run<k>` directory, or None when the name has another form."""
     match = re.fullmatch(r"run(\d+)", Path(directory).name)
     return int(match.group(1)) if match else None
-
-
-def read_monitors(path: Path) -> dict | None:
-    """The monitors' summary, or None when the monitor left no file."""
-    if not Path(path).exists():
-        return None
-    return json.loads(Path(path).read_text(encoding="utf-8"))
 
 
 def request_figures(records: list[dict]) -> dict:

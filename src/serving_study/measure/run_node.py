@@ -32,21 +32,16 @@ def describe_node() -> dict:
     }
 
 
-def node_differences(node: dict, host: dict) -> list[str]:
-    """The fields in which ``node`` differs from the host description ``host``,
-    among those both record; empty when the run ran on the host described."""
-    return [
+def node_record(host: dict) -> dict:
+    """What a run's provenance holds of its node: ``node`` (describe_node) and
+    ``node_differs_from_host``, the fields in which it differs from the host
+    description ``host`` among those both record, with a warning when any does."""
+    node = describe_node()
+    differences = [
         field
         for field in FIELDS_SHARED_WITH_HOST
         if field in host and host[field] != node[field]
     ]
-
-
-def node_record(host: dict) -> dict:
-    """What a run's provenance holds of its node: ``node`` (describe_node) and
-    ``node_differs_from_host`` (node_differences), with a warning when any differs."""
-    node = describe_node()
-    differences = node_differences(node, host)
     if differences:
         log.warning(
             "this run's node differs from the host host.json describes in %s: "

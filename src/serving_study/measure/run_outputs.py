@@ -13,8 +13,6 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class RunPaths:
-    """Where the files of one run go."""
-
     metrics: Path
     requests: Path
     monitors: Path

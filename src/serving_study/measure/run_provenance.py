@@ -7,9 +7,7 @@ Every run's provenance gets, besides what the runner saw of the server:
   config the workflow ran, as canonical JSON), so two runs of the same settings
   show the same hash whatever files and key order they came from;
 - the host's description, as preflight wrote it (host.json);
-- the node the run ran on (hostname, SLURM job id, CPU model, visible CPUs) and
-  the fields in which it differs from host.json, a warning when any does
-  (run_node.py);
+- the node the run ran on and where it differs from host.json (run_node.py);
 - the versions of Python, torch and the engine under study.
 
 Enough to rerun it: check out the commit, give the same config, use the same
@@ -56,11 +54,6 @@ def project_commit(root: Path = PROJECT_ROOT) -> dict:
     }
 
 
-def config_sha256(config: dict) -> str:
-    """The sha256 of the config as canonical JSON (sorted keys, no spaces)."""
-    return canonical_sha256(config)
-
-
 def engine_version(variant: dict) -> dict:
     """The engine release under study: the variant's source (package and version,
     or commit) and its change (patch or pull request), from its identity record."""
@@ -82,7 +75,7 @@ def run_provenance(config: dict, host: dict, variant: dict) -> dict:
         torch_version = None
     return {
         "project": project_commit(),
-        "config_sha256": config_sha256(config),
+        "config_sha256": canonical_sha256(config),
         "host": host,
         **node_record(host),
         "versions": {

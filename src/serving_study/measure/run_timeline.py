@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import time
 
-# Each phase, from one moment to the next.
 PHASES = {
     "before_launch": ("lock_taken", "launched"),
     "server_start": ("launched", "healthy"),

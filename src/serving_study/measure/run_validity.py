@@ -14,6 +14,11 @@ from serving_study.measure.request_log import completed, measured, values_of
 
 # Quota readings are rounded to whole microseconds per period by the kernel.
 QUOTA_TOLERANCE_CORES = 0.01
+# Why a run with images that went inline does not count, and the fix.
+SHM_WAS_FULL = (
+    "because /dev/shm was full, so the shared-memory copy under study was skipped; "
+    "give the server more /dev/shm"
+)
 
 
 def invalid_reasons(
@@ -49,11 +54,10 @@ def _request_reasons(records: list[dict], arm: Arm, checks: dict) -> list[str]:
             f"{len(failures)} of {len(measured_records)} measured requests did not "
             f"complete (first: request {first.get('index')}: {what})"
         )
-    expected_measured = arm.requests
-    if len(measured_records) != expected_measured:
+    if len(measured_records) != arm.requests:
         reasons.append(
             f"the log holds {len(measured_records)} measured requests, "
-            f"the arm asks for {expected_measured}"
+            f"the arm asks for {arm.requests}"
         )
     expected_warmup = checks.get("warmup_requests")
     warmup_count = sum(1 for r in records if r.get("phase") == "warmup")
@@ -108,8 +112,7 @@ def _quota_reasons(monitors: dict | None, arm: Arm, checks: dict) -> list[str]:
 
 def _environment_reasons(arm: Arm, checks: dict) -> list[str]:
     reasons = []
-    expected = dict(checks.get("environment_expected") or {})
-    expected.update(arm.environment)
+    expected = {**(checks.get("environment_expected") or {}), **arm.environment}
     seen = checks.get("environment_seen") or {}
     for name, value in sorted(expected.items()):
         want = None if value is None else str(value)
@@ -122,12 +125,11 @@ def _environment_reasons(arm: Arm, checks: dict) -> list[str]:
             )
     omp = expected.get("OMP_NUM_THREADS")
     torch_threads = checks.get("torch_threads_seen")
-    if omp is not None and torch_threads is not None and str(omp).isdigit():
-        if int(omp) != torch_threads:
-            reasons.append(
-                f"torch used {torch_threads} intra-op threads, "
-                f"OMP_NUM_THREADS={omp} asks for {omp}"
-            )
+    if torch_threads is not None and str(omp).isdigit() and int(omp) != torch_threads:
+        reasons.append(
+            f"torch used {torch_threads} intra-op threads, "
+            f"OMP_NUM_THREADS={omp} asks for {omp}"
+        )
     forced = arm.intra_op_threads
     if forced is not None and torch_threads is not None and forced != torch_threads:
         reasons.append(
@@ -153,24 +155,19 @@ def _identity_reasons(checks: dict) -> list[str]:
             f"{loaded[:12]}..., the variant's is {expected[:12]}..."
         )
     if checks.get("inline_fallback_reported"):
-        reasons.append(
-            "SGLang sent images inline because /dev/shm was full, so the "
-            "shared-memory copy under study was skipped; give the server more /dev/shm"
-        )
+        reasons.append(f"SGLang sent images inline {SHM_WAS_FULL}")
     for module in checks.get("patched_modules_never_loaded") or []:
         reasons.append(
             f"the variant's change is to {module.replace('.', '/')}.py, which no "
             "server process loaded: the patch does not touch the code under study"
         )
-    never_resumed = checks.get("gc_never_resumed_pids") or []
-    if never_resumed:
+    if never_resumed := checks.get("gc_never_resumed_pids"):
         reasons.append(
             "the garbage collector paused for the server's start-up never came back "
             f"on in pid {', '.join(map(str, never_resumed))}: SGLang's post-warm-up "
             "gc freeze did not run there (is --skip-server-warmup set?)"
         )
-    placeholders = checks.get("stand_in_placeholders_called") or []
-    if placeholders:
+    if placeholders := checks.get("stand_in_placeholders_called"):
         reasons.append(
             "the sgl-kernel stand-in's placeholders ran: " + ", ".join(placeholders)
         )

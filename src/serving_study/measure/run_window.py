@@ -1,8 +1,8 @@
 """The measured window of one run on a healthy server: warm-up, then the window.
 
 Warm-up and measured requests form one closed loop at the arm's concurrency; the
-monitors' window opens as the first measured request is sent and closes when the
-last one ends. What comes back is the monitors' figures and the client's summary.
+monitors' window opens as the first measured request is sent, with the pipeline
+already full, and closes when the last one ends.
 """
 
 import asyncio
@@ -32,12 +32,7 @@ def measure(
     paths: RunPaths,
 ) -> tuple[dict, dict]:
     """Warm-up, then the measured requests (asking for ``model``) inside the
-    monitors' window.
-
-    Warm-up and measured requests form one closed loop at the arm's concurrency:
-    the window opens as the first measured request is sent, with the pipeline
-    already full, and closes when the last measured request ends.
-    """
+    monitors' window; the window's figures and the client's summary."""
     chat_requests = load_requests(workload_manifest)
     server.remember_tree()
     # The run's own CPU: every group of its server (the model processes' too).
@@ -52,8 +47,6 @@ def measure(
     )
     window: dict = {}
     try:
-        # Find the server's processes now, so that opening the window on the
-        # client's event loop only reads counters.
         run_monitors.discover()
         log.info(
             "%d warm-up then %d measured requests at concurrency %d",

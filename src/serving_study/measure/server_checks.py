@@ -76,14 +76,10 @@ def validity_checks(
 def server_identity(
     plan: LaunchPlan, server_info: dict, server: LocalServer | ContainerServer
 ) -> dict:
-    """What the running server says it is: the transport it resolved, the
-    ``mm_utils.py`` its main process loaded, its main process's intra-op threads,
-    and (real SGLang) whether an image went inline or a stand-in placeholder ran.
-
-    The embedded engine reports these on ``/server_info``; real SGLang's processes
-    report them in its log (``server_log_facts``). A check this engine cannot make
-    is listed under ``not_checked``, never passed silently.
-    """
+    """What the running server says it is, on ``/server_info`` (the embedded
+    engine) or in its log (real SGLang, which also says whether an image went
+    inline or a stand-in placeholder ran). A check this engine cannot make is
+    listed under ``not_checked``, never passed silently."""
     facts = {
         "transport_expected": plan.expected.transport,
         "mm_utils_sha256_expected": plan.expected.mm_utils_sha256,

@@ -107,24 +107,17 @@ def loaded_modules(log_text: str) -> list[LoadedModule]:
 
 def stand_in_calls(log_text: str) -> list[StandInCall]:
     """Every call of an sgl-kernel stand-in op the log reports."""
-    calls = []
-    for line in log_text.splitlines():
-        match = STAND_IN_LINE.search(line)
-        if match:
-            calls.append(
-                StandInCall(
-                    op=match["op"],
-                    pid=int(match["pid"]),
-                    title=match["title"],
-                    placeholder=bool(match["placeholder"]),
-                )
-            )
-    return calls
-
-
-def gc_resumed_pids(log_text: str) -> set[int]:
-    """The processes that turned their start-up-paused garbage collector back on."""
-    return {int(match["pid"]) for match in GC_RESUMED_LINE.finditer(log_text)}
+    matches = (STAND_IN_LINE.search(line) for line in log_text.splitlines())
+    return [
+        StandInCall(
+            op=match["op"],
+            pid=int(match["pid"]),
+            title=match["title"],
+            placeholder=bool(match["placeholder"]),
+        )
+        for match in matches
+        if match
+    ]
 
 
 def gc_never_resumed(log_text: str, loads: list[LoadedModule]) -> list[int]:
@@ -132,7 +125,8 @@ def gc_never_resumed(log_text: str, loads: list[LoadedModule]) -> list[int]:
     ``loaded_modules``) but never resumed their garbage collector (meaningful only
     when the pause was asked for)."""
     loaders = {report.pid for report in loads if report.module == TRANSPORT_MODULE}
-    return sorted(loaders - gc_resumed_pids(log_text))
+    resumed = {int(match["pid"]) for match in GC_RESUMED_LINE.finditer(log_text)}
+    return sorted(loaders - resumed)
 
 
 def inline_fallback_reported(log_text: str) -> bool:
@@ -149,17 +143,12 @@ def main_process_load(log_text: str, main_pid: int | None) -> LoadedModule | Non
     taken (SGLang's children still have multiprocessing's spawn command line when
     they import the module; they take their ``sglang::`` titles later).
     """
-    reports = [
-        report
-        for report in loaded_modules(log_text)
-        if report.module == TRANSPORT_MODULE
-    ]
-    for report in reports:
-        if report.pid == main_pid:
-            return report
+    loads = loaded_modules(log_text)
+    reports = [report for report in loads if report.module == TRANSPORT_MODULE]
+    main = [report for report in reports if report.pid == main_pid]
     launchers = [
         report
         for report in reports
         if any(command in report.title for command in SERVER_COMMANDS)
     ]
-    return launchers[0] if launchers else None
+    return next(iter(main + launchers), None)

@@ -9,6 +9,7 @@ different answer means the server restarted during the window.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import psutil
@@ -49,15 +50,12 @@ def find_server_processes(root_pid: int, group_pids: list[int]) -> ServerProcess
     container, `root_pid` is the runtime's init and the server sits below it).
     """
     root = psutil.Process(root_pid)
-    candidates = {root.pid: root}
-    for child in root.children(recursive=True):
-        candidates[child.pid] = child
+    tree = [root, *root.children(recursive=True)]
+    candidates = {process.pid: process for process in tree}
     for pid in group_pids:
         if pid not in candidates:
-            try:
+            with contextlib.suppress(psutil.NoSuchProcess):
                 candidates[pid] = psutil.Process(pid)
-            except psutil.NoSuchProcess:
-                continue
     command_lines = {pid: command_line(process) for pid, process in candidates.items()}
 
     titled = sorted(
@@ -67,10 +65,7 @@ def find_server_processes(root_pid: int, group_pids: list[int]) -> ServerProcess
     )
     scheduler = candidates[titled[0][1]] if titled else None
 
-    main = None
-    if scheduler is not None:
-        parent_pid = scheduler.ppid()
-        main = candidates.get(parent_pid)
+    main = candidates.get(scheduler.ppid()) if scheduler is not None else None
     if main is None:
         marked = sorted(
             pid
@@ -80,8 +75,7 @@ def find_server_processes(root_pid: int, group_pids: list[int]) -> ServerProcess
             )
         )
         # The outermost marked process: a launcher may exec a child with the same args.
-        marked_set = set(marked)
-        outermost = [pid for pid in marked if candidates[pid].ppid() not in marked_set]
+        outermost = [pid for pid in marked if candidates[pid].ppid() not in marked]
         main = candidates[outermost[0]] if outermost else root
     return ServerProcesses(main=main, scheduler=scheduler, all_pids=set(candidates))
 

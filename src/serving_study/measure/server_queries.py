@@ -78,22 +78,22 @@ def read_server_info(base_url: str) -> dict:
 
     Without it the runner cannot check which server it measures, so an error
     answer ends the run, naming the status and the start of the body."""
-    with local_session() as session:
-        with session.get(f"{base_url}/server_info", timeout=30) as response:
-            body = response.text
-            if response.status_code != 200:
-                raise ServerInfoUnreadable(
-                    f"the server answered GET /server_info with HTTP "
-                    f"{response.status_code} ({body[:200].strip()!r}); the runner "
-                    "needs it to check which server it measures"
-                )
-            try:
-                info = response.json()
-            except ValueError:
-                info = None
-            if not isinstance(info, dict):
-                raise ServerInfoUnreadable(
-                    "the server's GET /server_info answer is not a JSON object "
-                    f"({body[:200].strip()!r})"
-                )
-            return info
+    url = f"{base_url}/server_info"
+    with local_session() as session, session.get(url, timeout=30) as response:
+        body = response.text
+        if response.status_code != 200:
+            raise ServerInfoUnreadable(
+                f"the server answered GET /server_info with HTTP "
+                f"{response.status_code} ({body[:200].strip()!r}); the runner "
+                "needs it to check which server it measures"
+            )
+        try:
+            info = response.json()
+        except ValueError:
+            info = None
+        if not isinstance(info, dict):
+            raise ServerInfoUnreadable(
+                "the server's GET /server_info answer is not a JSON object "
+                f"({body[:200].strip()!r})"
+            )
+        return info

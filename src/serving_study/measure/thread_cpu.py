@@ -77,7 +77,6 @@ class ThreadCpuUsage:
         return self.other_threads_ticks / total if total else None
 
     def ticks_by_name(self) -> dict[str, int]:
-        """Ticks summed over the threads of each name."""
         by_name: Counter[str] = Counter()
         for thread in self.threads:
             by_name[thread.name] += thread.ticks
@@ -188,10 +187,9 @@ def _read_every_thread(pid: int, file_name: str, size: int) -> dict[int, bytes]:
         ) from None
     texts = {}
     for thread_id in thread_ids:
+        path = f"{task_directory}{thread_id}/{file_name}"
         try:
-            descriptor = os.open(
-                f"{task_directory}{thread_id}/{file_name}", os.O_RDONLY
-            )
+            descriptor = os.open(path, os.O_RDONLY)
         except (FileNotFoundError, ProcessLookupError):
             continue  # the thread ended while the directory was read
         try:
