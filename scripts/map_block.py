@@ -13,7 +13,7 @@ from serving_study.config.records import (
     Variant,
 )
 from serving_study.measure.run_provenance import run_provenance
-from serving_study.studies.thread_quota_map import run_map_block
+from serving_study.studies.thread_quota_map import MapContext, run_map_block
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(
@@ -26,20 +26,22 @@ identities = [json.loads(Path(path).read_text()) for path in snakemake.input.var
 variants = [Variant.from_identity(identity) for identity in identities]
 host = json.loads(Path(snakemake.input.host).read_text())
 cells = run_map_block(
-    experiment=snakemake.wildcards.experiment,
-    settings=dict(snakemake.params.settings),
+    MapContext(
+        experiment=snakemake.wildcards.experiment,
+        settings=dict(snakemake.params.settings),
+        block=int(snakemake.wildcards.block),
+        variants={variant.name: variant for variant in variants},
+        workload_manifest=Path(snakemake.input.workload),
+        server_settings=ServerSettings.from_config(snakemake.params.server),
+        client=ClientSettings.from_config(snakemake.params.client),
+        monitors=MonitorSettings.from_config(snakemake.params.monitors),
+        block_dir=Path(snakemake.output.cells),
+        traced_to={
+            variant.name: run_provenance(snakemake.config, host, identity)
+            for variant, identity in zip(variants, identities, strict=True)
+        },
+    ),
     seed=int(snakemake.params.seed),
-    block=int(snakemake.wildcards.block),
-    variants={variant.name: variant for variant in variants},
-    workload_manifest=Path(snakemake.input.workload),
-    server_settings=ServerSettings.from_config(snakemake.params.server),
-    client=ClientSettings.from_config(snakemake.params.client),
-    monitors=MonitorSettings.from_config(snakemake.params.monitors),
     sharing=HostSharing.from_config(snakemake.config["host_sharing"]),
-    block_dir=Path(snakemake.output.cells),
-    traced_to={
-        variant.name: run_provenance(snakemake.config, host, identity)
-        for variant, identity in zip(variants, identities, strict=True)
-    },
 )
 Path(snakemake.output.block).write_text(json.dumps(cells, indent=2, default=str) + "\n")

@@ -1,28 +1,20 @@
 """From every run's metrics to the study's tables, and the tables on disk.
 
-Six tables come out, each written as CSV:
+The tables, each written as CSV:
 
-- `runs`: every run with every figure, valid or not, and the fields where the
-  node it ran on differs from host.json (from its provenance.json).
-- `arms`: per arm and figure, the median over valid runs, [min, max], the
-  count of valid runs, a bootstrap 95% interval of the median when there are
-  at least five valid runs, and the study's reference value.
-- `ratios`: for each ratio claim, the ratio of the two arms' medians and the
-  ratio within each repetition block (run k of one arm against run k of the
-  other; every block runs every arm once, so drift hits both alike).
-- `invalid_runs`: which runs were left out and why.
-- `attempts`: each run's earlier attempts, superseded or failed outside the
-  arm, from its attempts.json (attempts.py); never in a median.
-- `claims`: one verdict per claim of the config: holds, does not hold, or
-  cannot tell when an arm has too few valid runs.
+- `runs` and `arms`: every run with every figure, valid or not (flagged where its
+  node differs from host.json), and each arm's figures over its valid runs beside
+  the study's reference values (summaries.py);
+- `ratios` and `claims`: each ratio claim's ratio of medians and within each
+  repetition block, and one verdict per claim: holds, does not hold, or cannot
+  tell when an arm has too few valid runs (claims.py);
+- `invalid_runs`: which runs were left out and why;
+- `attempts`: each run's earlier attempts, from its attempts.json (attempts.py);
 - `releases` (only when the config sets `release_series`): each release
-  against the one before it, and the first that changed (release_change.py).
-- `fixes` (only when the config sets `fixes`): each fix beside the trap, with
-  its throughput under the quota and its CPU cost without one
+  against the one before it (release_change.py);
+- `fixes` (only when the config sets `fixes`): each fix beside the trap
   (fix_comparison.py).
 
-The runs and arms come from summaries.py, the ratios and verdicts from
-claims.py; this module puts the tables together and reads and writes them.
 A run's attempts.json and provenance.json lie beside its metrics.json and come
 in the same order.
 """
@@ -55,6 +47,22 @@ RELEASE_TABLE = "releases"
 MAP_TABLE = "thread_quota_map"
 MAP_CONTRAST_TABLE = "thread_quota_map_contrast"
 MAP_BY_QUOTA_TABLE = "thread_quota_map_by_quota"
+MAP_TABLES = (MAP_TABLE, MAP_CONTRAST_TABLE, MAP_BY_QUOTA_TABLE)
+
+# How each table that is not always there reads back.
+BLANK_IS_MISSING = {"keep_default_na": False, "na_values": [""]}
+OPTIONAL_TABLES = {
+    # Release names stay text: "1.10" is not the number 1.1.
+    RELEASE_TABLE: {"dtype": {"release": str, "compared_with": str, "arm": str}},
+    FIXES_TABLE: BLANK_IS_MISSING,
+    # Quotas stay text: "none" sits beside numbers of cores.
+    MAP_TABLE: {"dtype": {"variant": str, "cpu_quota": str, "invalid_reason": str}},
+    MAP_CONTRAST_TABLE: {
+        "dtype": {"cpu_quota": str, "block_ratios": str},
+        **BLANK_IS_MISSING,
+    },
+    MAP_BY_QUOTA_TABLE: {"dtype": {"cpu_quota": str}, **BLANK_IS_MISSING},
+}
 
 
 def aggregate(
@@ -67,18 +75,16 @@ def aggregate(
     beside each, when given) and build the tables."""
     metrics_paths = [Path(path) for path in metrics_paths]
     attempts_paths, provenance_paths = list(attempts_paths), list(provenance_paths)
-    records = load_metrics(metrics_paths)
+    records = [json.loads(path.read_text(encoding="utf-8")) for path in metrics_paths]
     if provenance_paths:
+        # A provenance written before runs recorded their node has no flags.
         provenances = read_beside(metrics_paths, provenance_paths)
-        records = with_node_flags(records, provenances)
+        records = [
+            {**record, NODE_FLAG: provenance.get(NODE_FLAG, [])}
+            for record, provenance in zip(records, provenances, strict=True)
+        ]
     listings = read_beside(metrics_paths, attempts_paths) if attempts_paths else None
     return tables_from_metrics(records, config, listings)
-
-
-def load_metrics(metrics_paths: Iterable[Path]) -> list[dict]:
-    return [
-        json.loads(Path(path).read_text(encoding="utf-8")) for path in metrics_paths
-    ]
 
 
 def read_beside(metrics_paths: list[Path], paths: Iterable[Path]) -> list:
@@ -93,15 +99,6 @@ def read_beside(metrics_paths: list[Path], paths: Iterable[Path]) -> list:
             )
         loaded.append(json.loads(Path(path).read_text(encoding="utf-8")))
     return loaded
-
-
-def with_node_flags(records: list[dict], provenances: list[dict]) -> list[dict]:
-    """Each run's metrics with its provenance's node_differs_from_host (empty in
-    a provenance written before runs recorded their node)."""
-    return [
-        {**record, NODE_FLAG: provenance.get(NODE_FLAG, [])}
-        for record, provenance in zip(records, provenances, strict=True)
-    ]
 
 
 def tables_from_metrics(
@@ -140,46 +137,25 @@ def write_tables(tables: dict[str, pd.DataFrame], out_dir: Path) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in (*TABLE_NAMES, RELEASE_TABLE, FIXES_TABLE):
-        if name not in tables:
-            continue
-        path = out_dir / f"{name}.csv"
-        tables[name].to_csv(path, index=False)
-        paths.append(path)
+        if name in tables:
+            paths.append(out_dir / f"{name}.csv")
+            tables[name].to_csv(paths[-1], index=False)
     return paths
 
 
 def read_tables(in_dir: Path) -> dict[str, pd.DataFrame]:
-    """Read back the tables written by `write_tables`."""
+    """Read back the tables written by `write_tables`, and the map's."""
+    in_dir = Path(in_dir)
     tables = {}
     for name in TABLE_NAMES:
-        path = Path(in_dir) / f"{name}.csv"
         try:
-            tables[name] = pd.read_csv(path)
+            tables[name] = pd.read_csv(in_dir / f"{name}.csv")
         except pd.errors.EmptyDataError:
             tables[name] = pd.DataFrame()
-    releases = Path(in_dir) / f"{RELEASE_TABLE}.csv"
-    if releases.is_file():
-        # Release names stay text: "1.10" is not the number 1.1.
-        names = {"release": str, "compared_with": str, "arm": str}
-        tables[RELEASE_TABLE] = pd.read_csv(releases, dtype=names)
-    fixes = Path(in_dir) / f"{FIXES_TABLE}.csv"
-    if fixes.is_file():
-        tables[FIXES_TABLE] = pd.read_csv(fixes, keep_default_na=False, na_values=[""])
-    cells = Path(in_dir) / f"{MAP_TABLE}.csv"
-    if cells.is_file():
-        # Quotas stay text: "none" sits beside numbers of cores.
-        tables[MAP_TABLE] = pd.read_csv(
-            cells, dtype={"variant": str, "cpu_quota": str, "invalid_reason": str}
-        )
-        contrast = Path(in_dir) / f"{MAP_CONTRAST_TABLE}.csv"
-        tables[MAP_CONTRAST_TABLE] = pd.read_csv(
-            contrast,
-            dtype={"cpu_quota": str, "block_ratios": str},
-            keep_default_na=False,
-            na_values=[""],
-        )
-        by_quota = Path(in_dir) / f"{MAP_BY_QUOTA_TABLE}.csv"
-        tables[MAP_BY_QUOTA_TABLE] = pd.read_csv(
-            by_quota, dtype={"cpu_quota": str}, keep_default_na=False, na_values=[""]
-        )
+    for name, options in OPTIONAL_TABLES.items():
+        path = in_dir / f"{name}.csv"
+        # The map's rule writes its three tables together: with its cells read,
+        # the other two must be there.
+        if path.is_file() or (name in MAP_TABLES and MAP_TABLE in tables):
+            tables[name] = pd.read_csv(path, **options)
     return tables

@@ -82,11 +82,11 @@ def claim_arms(claim: dict) -> list[str]:
 
 
 def ratios_table(runs: pd.DataFrame, arms: pd.DataFrame, config: dict) -> pd.DataFrame:
-    rows = []
-    for claim in config.get("claims") or []:
-        if claim_kind(claim) != "ratio":
-            continue
-        rows.append(ratio_row(claim, runs, arms, config))
+    rows = [
+        ratio_row(claim, runs, arms, config)
+        for claim in config.get("claims") or []
+        if claim_kind(claim) == "ratio"
+    ]
     columns = [
         "claim",
         "metric",
@@ -111,7 +111,6 @@ def ratio_row(claim: dict, runs, arms, config) -> dict:
     blocks = block_ratios(runs, claim["numerator"], claim["denominator"], metric)
     # A missing median is NaN and keeps the ratio NaN; only zero needs a guard.
     ratio = numerator_median / denominator_median if denominator_median else math.nan
-    block_values = list(blocks.values())
     return {
         "claim": claim["name"],
         "metric": metric,
@@ -122,11 +121,9 @@ def ratio_row(claim: dict, runs, arms, config) -> dict:
         "ratio_of_medians": ratio,
         "reference_ratio": reference_ratio(claim, config),
         "paired_blocks": len(blocks),
-        "block_ratio_min": min(block_values) if block_values else math.nan,
-        "block_ratio_max": max(block_values) if block_values else math.nan,
-        "block_ratios": "; ".join(
-            f"run{run} {value:.3g}" for run, value in blocks.items()
-        ),
+        "block_ratio_min": min(blocks.values(), default=math.nan),
+        "block_ratio_max": max(blocks.values(), default=math.nan),
+        "block_ratios": describe_block_ratios(blocks),
     }
 
 
@@ -137,11 +134,16 @@ def block_ratios(
     valid = runs[runs["valid"] & runs[metric].notna()]
     top = valid[valid["arm"] == numerator].set_index("run")[metric]
     bottom = valid[valid["arm"] == denominator].set_index("run")[metric]
-    blocks = {}
-    for run in sorted(set(top.index) & set(bottom.index)):
-        if bottom[run] != 0:
-            blocks[int(run)] = float(top[run] / bottom[run])
-    return blocks
+    return {
+        int(run): float(top[run] / bottom[run])
+        for run in sorted(set(top.index) & set(bottom.index))
+        if bottom[run] != 0
+    }
+
+
+def describe_block_ratios(blocks: dict[int, float]) -> str:
+    """ "run1 0.86; run2 0.84": the ratio within each block."""
+    return "; ".join(f"run{run} {ratio:.3g}" for run, ratio in blocks.items())
 
 
 def reference_ratio(claim: dict, config: dict) -> float:
@@ -159,10 +161,8 @@ def reference_ratio(claim: dict, config: dict) -> float:
 def claims_table(runs: pd.DataFrame, arms: pd.DataFrame, config: dict) -> pd.DataFrame:
     rows = []
     for claim in config.get("claims") or []:
-        if claim_kind(claim) == "ratio":
-            row = judge_ratio(claim, runs, arms, config)
-        else:
-            row = judge_within(claim, runs, arms, config)
+        judge = judge_ratio if claim_kind(claim) == "ratio" else judge_within
+        row = judge(claim, runs, arms, config)
         row["sentence"] = (
             f"{claim['statement']}: {row['verdict']} here ({row['detail']})"
         )
@@ -185,41 +185,32 @@ def claims_table(runs: pd.DataFrame, arms: pd.DataFrame, config: dict) -> pd.Dat
 
 def judge_ratio(claim: dict, runs, arms, config) -> dict:
     ratio = ratio_row(claim, runs, arms, config)
+    value, study = ratio["ratio_of_medians"], ratio["reference_ratio"]
     bound = describe_ratio_bound(claim)
-    study = ratio["reference_ratio"]
+    row = _claim_row(claim, bound, value, study)
     study_text = f"; study {study:.3g}x" if is_number(study) else ""
-    row = _claim_row(claim, bound)
-    row["value"] = ratio["ratio_of_medians"]
-    row["reference_value"] = study
-    shortfall = too_few_runs(claim, arms)
-    if shortfall:
-        row["verdict"] = CANNOT_TELL
-        row["detail"] = shortfall + study_text
-        return row
-    value = ratio["ratio_of_medians"]
+    if shortfall := too_few_runs(claim, arms):
+        return row | {"verdict": CANNOT_TELL, "detail": shortfall + study_text}
     if not is_number(value):
-        row["verdict"] = CANNOT_TELL
-        row["detail"] = (
+        detail = (
             f"no ratio: the {claim['denominator']} median of {claim['metric']} "
             f"is {ratio['denominator_median']}{study_text}"
         )
-        return row
+        return row | {"verdict": CANNOT_TELL, "detail": detail}
     holds = ratio_within_bounds(value, claim)
     blocks = block_ratios(
         runs, claim["numerator"], claim["denominator"], claim["metric"]
     )
     agreeing = sum(ratio_within_bounds(block, claim) for block in blocks.values())
     block_text = f"; {agreeing} of {len(blocks)} paired runs meet it" if blocks else ""
-    row["verdict"] = HOLDS if holds else DOES_NOT_HOLD
     shortfall_text = "" if holds else f", the claim needs {bound}"
-    row["detail"] = f"{value:.3g}x{shortfall_text}{block_text}{study_text}"
-    return row
+    detail = f"{value:.3g}x{shortfall_text}{block_text}{study_text}"
+    return row | {"verdict": HOLDS if holds else DOES_NOT_HOLD, "detail": detail}
 
 
 def judge_within(claim: dict, runs, arms, config) -> dict:
     metric = claim["metric"]
     tolerance = float(claim["tolerance"])
-    row = _claim_row(claim, f"spread at most {tolerance:.0%}")
     medians = [arm_median(arms, arm, metric) for arm in claim["arms"]]
     study = claim.get("reference_spread")
     if study is None:
@@ -227,28 +218,22 @@ def judge_within(claim: dict, runs, arms, config) -> dict:
         study_values = [references.get((arm, metric)) for arm in claim["arms"]]
         study = spread(study_values) if None not in study_values else math.nan
     study_text = f"; study {study:.1%}" if is_number(study) else ""
-    row["reference_value"] = study
-    row["value"] = math.nan
+    row = _claim_row(claim, f"spread at most {tolerance:.0%}", math.nan, study)
     shortfall = too_few_runs(claim, arms)
     if shortfall or not all(is_number(median) for median in medians):
-        row["verdict"] = CANNOT_TELL
-        row["detail"] = (shortfall or f"an arm has no {metric} value") + study_text
-        return row
+        detail = (shortfall or f"an arm has no {metric} value") + study_text
+        return row | {"verdict": CANNOT_TELL, "detail": detail}
     value = spread(medians)
-    row["value"] = value
     if not is_number(value):
-        row["verdict"] = CANNOT_TELL
-        row["detail"] = f"an arm's median {metric} is not positive{study_text}"
-        return row
-    holds = value <= tolerance
-    row["verdict"] = HOLDS if holds else DOES_NOT_HOLD
-    unit = METRICS[metric].unit
-    row["detail"] = (
+        detail = f"an arm's median {metric} is not positive{study_text}"
+        return row | {"verdict": CANNOT_TELL, "detail": detail}
+    detail = (
         f"{', '.join(claim['arms'])}: medians {format_number(min(medians))} to "
-        f"{format_number(max(medians))} {unit}, spread {value:.1%}, "
+        f"{format_number(max(medians))} {METRICS[metric].unit}, spread {value:.1%}, "
         f"allowed {tolerance:.0%}{study_text}"
     )
-    return row
+    verdict = HOLDS if value <= tolerance else DOES_NOT_HOLD
+    return row | {"value": value, "verdict": verdict, "detail": detail}
 
 
 def spread(values: list[float]) -> float:
@@ -268,12 +253,10 @@ def ratio_within_bounds(value: float, claim: dict) -> bool:
 
 
 def describe_ratio_bound(claim: dict) -> str:
-    parts = []
-    if claim.get("at_least") is not None:
-        parts.append(f"at least {claim['at_least']:g}x")
-    if claim.get("at_most") is not None:
-        parts.append(f"at most {claim['at_most']:g}x")
-    return " and ".join(parts)
+    bounds = {"at least": claim.get("at_least"), "at most": claim.get("at_most")}
+    return " and ".join(
+        f"{words} {bound:g}x" for words, bound in bounds.items() if bound is not None
+    )
 
 
 def too_few_runs(claim: dict, arms: pd.DataFrame) -> str:
@@ -293,7 +276,7 @@ def too_few_runs(claim: dict, arms: pd.DataFrame) -> str:
     return f"{'; '.join(short)}; the claim needs {needed}"
 
 
-def _claim_row(claim: dict, bound: str) -> dict:
+def _claim_row(claim: dict, bound: str, value: float, reference: float) -> dict:
     return {
         "claim": claim["name"],
         "kind": claim_kind(claim),
@@ -301,4 +284,6 @@ def _claim_row(claim: dict, bound: str) -> dict:
         "metric": claim["metric"],
         "arms": ", ".join(claim_arms(claim)),
         "bound": bound,
+        "value": value,
+        "reference_value": reference,
     }

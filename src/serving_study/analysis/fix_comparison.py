@@ -20,8 +20,6 @@ The figures are medians of valid runs from the ``arms`` table, the verdicts come
 from the ``claims`` table; nothing is computed here that the two do not hold.
 """
 
-from __future__ import annotations
-
 import pandas as pd
 
 FIXES_TABLE = "fixes"
@@ -44,54 +42,43 @@ COLUMNS = (
 
 def fixes_table(arms: pd.DataFrame, claims: pd.DataFrame, fixes: dict) -> pd.DataFrame:
     """One row for the trap, then one per fix, in the config's order."""
+
+    def median(arm: str | None, metric: str) -> float | None:
+        if arm is None or arms.empty:
+            return None
+        row = arms[(arms["arm"] == arm) & (arms["metric"] == metric)]
+        if row.empty or pd.isna(row["median"].iloc[0]):
+            return None
+        return float(row["median"].iloc[0])
+
     entries = [{"name": TRAP, **fixes["baseline"]}, *fixes["fixes"]]
-    trap_throughput = _median(arms, fixes["baseline"]["arm"], "throughput_rps")
+    trap_throughput = median(fixes["baseline"]["arm"], "throughput_rps")
     rows = []
     for entry in entries:
         arm, free_arm = entry["arm"], entry.get("without_quota")
-        throughput = _median(arms, arm, "throughput_rps")
+        throughput = median(arm, "throughput_rps")
+        vs_trap = None
+        if throughput is not None and trap_throughput:
+            vs_trap = throughput / trap_throughput
         rows.append(
             {
                 "fix": entry["name"],
                 "arm": arm,
                 "throughput_rps": throughput,
-                "throughput_vs_trap": _ratio(throughput, trap_throughput),
-                "ttft_p50_ms": _median(arms, arm, "ttft_p50_ms"),
-                "main_cpu_ms_per_request": _median(
-                    arms, arm, "main_cpu_ms_per_request"
-                ),
-                "main_thread_cpu_percent": _median(
-                    arms, arm, "main_thread_cpu_percent"
-                ),
-                "other_threads_cpu_percent": _median(
-                    arms, arm, "other_threads_cpu_percent"
-                ),
+                "throughput_vs_trap": vs_trap,
+                "ttft_p50_ms": median(arm, "ttft_p50_ms"),
+                "main_cpu_ms_per_request": median(arm, "main_cpu_ms_per_request"),
+                "main_thread_cpu_percent": median(arm, "main_thread_cpu_percent"),
+                "other_threads_cpu_percent": median(arm, "other_threads_cpu_percent"),
                 "without_quota_arm": free_arm,
-                "main_cpu_ms_per_request_without_quota": _median(
-                    arms, free_arm, "main_cpu_ms_per_request"
+                "main_cpu_ms_per_request_without_quota": median(
+                    free_arm, "main_cpu_ms_per_request"
                 ),
-                "throughput_rps_without_quota": _median(
-                    arms, free_arm, "throughput_rps"
-                ),
+                "throughput_rps_without_quota": median(free_arm, "throughput_rps"),
                 "verdicts": _verdicts(claims, {arm, free_arm} - {None}),
             }
         )
     return pd.DataFrame(rows, columns=list(COLUMNS))
-
-
-def _median(arms: pd.DataFrame, arm: str | None, metric: str) -> float | None:
-    if arm is None or arms.empty:
-        return None
-    row = arms[(arms["arm"] == arm) & (arms["metric"] == metric)]
-    if row.empty or pd.isna(row["median"].iloc[0]):
-        return None
-    return float(row["median"].iloc[0])
-
-
-def _ratio(value: float | None, base: float | None) -> float | None:
-    if value is None or not base:
-        return None
-    return value / base
 
 
 def _verdicts(claims: pd.DataFrame, arms: set[str]) -> str:

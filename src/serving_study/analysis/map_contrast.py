@@ -12,6 +12,8 @@ import pandas as pd
 
 from serving_study.config.records import quota_cores
 
+# How many blocks a contrast pairs, and how many of their ratios fall below or above 1.
+BLOCK_COUNTS = ("paired_blocks", "blocks_below_1", "blocks_above_1")
 CONTRAST_COLUMNS = (
     "intra_op_threads",
     "cpu_quota",
@@ -20,9 +22,7 @@ CONTRAST_COLUMNS = (
     "baseline_rps",
     "compared_rps",
     "ratio",
-    "paired_blocks",
-    "blocks_below_1",
-    "blocks_above_1",
+    *BLOCK_COUNTS,
     "block_ratios",
 )
 
@@ -34,9 +34,7 @@ BY_QUOTA_COLUMNS = (
     "ratio_min",
     "ratio_max",
     "threads_at_max",
-    "paired_blocks",
-    "blocks_below_1",
-    "blocks_above_1",
+    *BLOCK_COUNTS,
 )
 
 
@@ -50,13 +48,8 @@ def cell_medians(cells: pd.DataFrame) -> pd.DataFrame:
     """Each (variant, threads, quota) cell's median throughput over its valid
     blocks (cells without a valid block are left out)."""
     valid = cells[cells["valid"].astype(bool)]
-    return (
-        valid.groupby(["variant", "intra_op_threads", "cpu_quota"], sort=False)[
-            "throughput_rps"
-        ]
-        .median()
-        .reset_index()
-    )
+    by_cell = valid.groupby(["variant", "intra_op_threads", "cpu_quota"], sort=False)
+    return by_cell["throughput_rps"].median().reset_index()
 
 
 def map_contrast(cells: pd.DataFrame, variants: list[str]) -> pd.DataFrame:
@@ -132,9 +125,7 @@ def contrast_by_quota(contrast: pd.DataFrame) -> pd.DataFrame:
                     "ratio_min": cells["ratio"].min(),
                     "ratio_max": cells["ratio"].max(),
                     "threads_at_max": int(best["intra_op_threads"]),
-                    "paired_blocks": int(cells["paired_blocks"].sum()),
-                    "blocks_below_1": int(cells["blocks_below_1"].sum()),
-                    "blocks_above_1": int(cells["blocks_above_1"].sum()),
+                    **{count: int(cells[count].sum()) for count in BLOCK_COUNTS},
                 }
             )
     return pd.DataFrame(lines, columns=list(BY_QUOTA_COLUMNS))

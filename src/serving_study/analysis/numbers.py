@@ -9,10 +9,7 @@ def format_number(value) -> str:
     if not is_number(value):
         return "–"
     value = float(value)
-    magnitude = abs(value)
-    if magnitude >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.3g}"
+    return f"{value:,.0f}" if abs(value) >= 100 else f"{value:.3g}"
 
 
 def is_number(value) -> bool:

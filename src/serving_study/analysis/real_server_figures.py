@@ -8,8 +8,6 @@ the rest, with those two steps as measured again, alone, in the arm's runtime
 (``studies/main_process_steps.py``).
 """
 
-from __future__ import annotations
-
 import json
 import statistics
 from pathlib import Path

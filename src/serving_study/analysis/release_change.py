@@ -36,15 +36,16 @@ real change can hide in the overlap. The releases table therefore shows the
 ratio within each block beside the verdict (not in it), where drift cancels.
 """
 
-from __future__ import annotations
-
 import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Self
 
 import pandas as pd
 
+from serving_study.analysis.claims import block_ratios, describe_block_ratios
+from serving_study.analysis.numbers import is_number
 from serving_study.config.schema import property_schema
 from serving_study.metric_catalogue import METRICS
 
@@ -86,7 +87,7 @@ class ChangeCriterion:
     ]
 
     @classmethod
-    def from_config(cls, settings: dict | None) -> ChangeCriterion:
+    def from_config(cls, settings: dict | None) -> Self:
         settings = settings or {}
         defaults = cls()
         return cls(
@@ -106,14 +107,14 @@ class Spread:
     runs: int
 
     @classmethod
-    def of_values(cls, values: Iterable[float]) -> Spread:
-        numbers = [float(value) for value in values if not _missing(value)]
+    def of_values(cls, values: Iterable[float]) -> Self:
+        numbers = [float(value) for value in values if is_number(value)]
         if not numbers:
             return cls(math.nan, math.nan, math.nan, 0)
         return cls(statistics.median(numbers), min(numbers), max(numbers), len(numbers))
 
     @classmethod
-    def of_arm(cls, arms: pd.DataFrame, arm: str, metric: str) -> Spread:
+    def of_arm(cls, arms: pd.DataFrame, arm: str, metric: str) -> Self:
         """Read one arm's figure from the aggregated ``arms`` table."""
         rows = arms[(arms["arm"] == arm) & (arms["metric"] == metric)]
         if rows.empty:
@@ -192,12 +193,8 @@ def false_alarm_chance(runs_before: int, runs_after: int) -> float:
     """How often ranges of n and m exchangeable runs fall apart by chance alone."""
     if runs_before < 1 or runs_after < 1:
         return math.nan
-    return (
-        2
-        * math.factorial(runs_before)
-        * math.factorial(runs_after)
-        / math.factorial(runs_before + runs_after)
-    )
+    orderings = math.factorial(runs_before) * math.factorial(runs_after)
+    return 2 * orderings / math.factorial(runs_before + runs_after)
 
 
 def any_false_alarm_bound(chances: Iterable[float]) -> float:
@@ -244,14 +241,11 @@ def releases_table(
     ``releases`` are (arm, release) in release order. A release is compared with
     the nearest earlier release that has enough valid runs, so one release that
     could not be measured does not hide a change behind it. ``first_change``
-    marks, per figure, the first release that changed. ``block_ratios`` shows,
-    for reading only, the ratio within each repetition block (run k of both
-    releases ran in block k, close in time), where drift of the host between
-    blocks cancels out.
+    marks, per figure, the first release that changed; ``block_ratios`` are for
+    reading only (module docstring).
     """
-    shown = list(dict.fromkeys([criterion.metric, *metrics]))
     rows = []
-    for metric in shown:
+    for metric in dict.fromkeys([criterion.metric, *metrics]):
         before: tuple[str, str, Spread] | None = None
         found_first = False
         for position, (arm, release) in enumerate(releases, start=1):
@@ -280,7 +274,9 @@ def releases_table(
                 row.update(
                     compared_with=earlier_release,
                     ratio=comparison.ratio,
-                    block_ratios=describe_block_ratios(runs, earlier_arm, arm, metric),
+                    block_ratios=describe_block_ratios(
+                        block_ratios(runs, arm, earlier_arm, metric)
+                    ),
                     verdict=comparison.verdict,
                     detail=comparison.detail,
                 )
@@ -295,20 +291,6 @@ def releases_table(
             rows.append(row)
     table = pd.DataFrame(rows, columns=list(RELEASE_COLUMNS))
     return table.astype({"first_change": bool})
-
-
-def describe_block_ratios(
-    runs: pd.DataFrame, earlier_arm: str, later_arm: str, metric: str
-) -> str:
-    """ "run1 0.86; run2 0.84": later over earlier within each block, valid runs."""
-    valid = runs[runs["valid"].astype(bool) & runs[metric].notna()]
-    earlier = valid[valid["arm"] == earlier_arm].set_index("run")[metric]
-    later = valid[valid["arm"] == later_arm].set_index("run")[metric]
-    return "; ".join(
-        f"run{int(run)} {later[run] / earlier[run]:.3g}"
-        for run in sorted(set(earlier.index) & set(later.index))
-        if earlier[run] > 0
-    )
 
 
 def first_change(releases: pd.DataFrame, metric: str) -> dict | None:
@@ -348,10 +330,8 @@ def describe_first_change(releases: pd.DataFrame, metric: str) -> str:
         else ""
     )
     if row is None:
-        compared = releases[
-            (releases["metric"] == metric) & releases["verdict"].notna()
-        ]
-        untold = int((compared["verdict"] == CANNOT_TELL).sum())
+        rows = releases[releases["metric"] == metric]
+        untold = int((rows["verdict"] == CANNOT_TELL).sum())
         untold_text = (
             f" ({untold} comparison{'s' if untold != 1 else ''} could not tell)"
             if untold
@@ -367,12 +347,5 @@ def describe_first_change(releases: pd.DataFrame, metric: str) -> str:
     )
 
 
-def _missing(value) -> bool:
-    try:
-        return value is None or math.isnan(float(value))
-    except (TypeError, ValueError):
-        return True
-
-
 def _finite_or_none(value: float) -> float | None:
-    return None if _missing(value) else float(value)
+    return float(value) if is_number(value) else None

@@ -31,9 +31,6 @@ IDENTITY_COLUMNS = (
 NODE_FLAG = "node_differs_from_host"
 
 
-# --- runs ---------------------------------------------------------------------
-
-
 def runs_table(records: list[dict], config: dict) -> pd.DataFrame:
     rows = []
     for record in records:
@@ -43,17 +40,9 @@ def runs_table(records: list[dict], config: dict) -> pd.DataFrame:
         row["valid"] = bool(record.get("valid"))
         row["invalid_reasons"] = "; ".join(record.get("invalid_reasons") or [])
         row[NODE_FLAG] = ",".join(record.get(NODE_FLAG) or [])
-        for name in (*RUN_COUNTS, *METRICS):
-            row[name] = record.get(name)
-        rows.append(row)
-    columns = [
-        *IDENTITY_COLUMNS,
-        "valid",
-        "invalid_reasons",
-        NODE_FLAG,
-        *RUN_COUNTS,
-        *METRICS,
-    ]
+        rows.append(row | {name: record.get(name) for name in (*RUN_COUNTS, *METRICS)})
+    columns = [*IDENTITY_COLUMNS, "valid", "invalid_reasons", NODE_FLAG]
+    columns += [*RUN_COUNTS, *METRICS]
     runs = pd.DataFrame(rows, columns=columns)
     for name in (*RUN_COUNTS, *METRICS):
         runs[name] = pd.to_numeric(runs[name], errors="coerce").astype(float)
@@ -81,9 +70,6 @@ def invalid_runs_table(runs: pd.DataFrame) -> pd.DataFrame:
         .rename(columns={"invalid_reasons": "reasons"})
         .reset_index(drop=True)
     )
-
-
-# --- arms ---------------------------------------------------------------------
 
 
 def arms_table(runs: pd.DataFrame, config: dict) -> pd.DataFrame:
@@ -122,15 +108,8 @@ def summarize_values(values: np.ndarray) -> dict:
     """Median, min, max and (for n >= 5) a bootstrap 95% interval of the median."""
     count = len(values)
     if count == 0:
-        return {
-            "n_values": 0,
-            "median": math.nan,
-            "min": math.nan,
-            "max": math.nan,
-            "ci_low": math.nan,
-            "ci_high": math.nan,
-            "ci_note": "no valid run has this figure",
-        }
+        missing = dict.fromkeys(("median", "min", "max", "ci_low", "ci_high"), math.nan)
+        return {"n_values": 0, **missing, "ci_note": "no valid run has this figure"}
     summary = {
         "n_values": count,
         "median": float(np.median(values)),

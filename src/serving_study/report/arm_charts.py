@@ -1,12 +1,6 @@
-"""The two figures numbered after the study's own, from the arms and runs tables.
-
-- Figure 1, `throughput_vs_concurrency`: median throughput against
-  concurrency, one line per transport (and per variant or environment where
-  arms differ in those too), with every valid run and the study's numbers.
-- Figure 4, `arm_comparison`: per arm, bars for throughput, TTFT p50,
-  main-process CPU and (when measured) GPU utilization. Each panel puts the
-  reproduction's median with its [min, max] and run points beside the study's
-  reference value.
+"""Figures 1 and 4, numbered after the study's own, from the arms and runs tables:
+throughput against concurrency, and the arms side by side with the study's numbers
+(figures.py captions what each shows).
 """
 
 import math
@@ -78,9 +72,8 @@ def throughput_vs_concurrency(
     concurrency = {arm.name: arm.concurrency for arm in arms}
 
     arm_table = tables["arms"]
-    summary = arm_table[arm_table["metric"] == metric].copy()
-    summary["series"] = summary["arm"].map(labels)
-    lines = beside_the_study(summary)
+    summary = arm_table[arm_table["metric"] == metric]
+    lines = beside_the_study(summary.assign(series=summary["arm"].map(labels)))
     lines = lines[["arm", "series", "concurrency", "source", "value", "min", "max"]]
 
     runs = tables["runs"]
@@ -153,9 +146,7 @@ def throughput_vs_concurrency(
         )
     )
     chart = alt.layer(spread, line, markers, runs_layer).properties(
-        width=420,
-        height=300,
-        title=FIGURE_TITLES["throughput_vs_concurrency"],
+        width=420, height=300, title=FIGURE_TITLES["throughput_vs_concurrency"]
     )
     return chart.to_dict()
 
@@ -176,13 +167,12 @@ def comparison_panel(
     tables: dict[str, pd.DataFrame], metric: str, arm_order
 ) -> alt.LayerChart:
     arms = tables["arms"]
-    summary = arms[arms["metric"] == metric]
-    bars = beside_the_study(summary)
+    bars = beside_the_study(arms[arms["metric"] == metric])
     bars = bars[["arm", "environment", "variant", "source", "value", "min", "max"]]
 
     runs = tables["runs"]
-    points = runs[runs["valid"] & runs[metric].notna()][["arm", "run", metric]].copy()
-    points["source"] = REPRODUCTION
+    points = runs[runs["valid"] & runs[metric].notna()][["arm", "run", metric]]
+    points = points.assign(source=REPRODUCTION)
 
     # Short arm names (A, B, ...) read best level; long ones need tilting.
     tilt = 0 if max(len(name) for name in arm_order) <= 8 else -30

@@ -1,14 +1,6 @@
 """Every figure of the report as a Vega-Lite spec, built with altair from the
-aggregated tables.
-
-Figures 1 and 4, numbered after the study's own, always (arm_charts.py); the
-release series figure when the arms are a release series
-(release_chart.py); the thread x quota map when its table is there
-(map_chart.py); which fix to deploy when the config sets `fixes`
-(fix_comparison.py).
-
-Charts are returned as dicts so that the report can embed them and also keep
-them as `.vl.json` files.
+aggregated tables. Charts are returned as dicts so that the report can embed
+them and also keep them as `.vl.json` files.
 """
 
 import pandas as pd

@@ -1,14 +1,9 @@
 """One self-contained HTML page that states what this experiment found.
 
-The page opens with a plain sentence per claim (holds, does not hold, cannot
-tell), and for a release series where each figure first changed; then the
-setup (host, quota, threads, GPU, engine, variants, run dates), the figures,
-and the tables: arms beside the study's numbers, ratios, claim verdicts,
-invalid runs, earlier attempts (only when a run has any) and every run (and
-each release against the one before it).
-The page is written by templates/report.html.j2, which escapes every string
-that comes from a config, a host description or a log (markup.py); it loads
-nothing from the network (document.py).
+The page (templates/report.html.j2) opens with a plain sentence per claim and,
+for a release series, where each figure first changed; then the setup, the
+figures and the tables. Every string from a config, a host description or a log
+is escaped (markup.py); the page loads nothing from the network (document.py).
 
 With a figures directory, each figure is also written as its own page and as
 its Vega-Lite spec (`<name>.html`, `<name>.vl.json`), and each table as its
@@ -74,19 +69,14 @@ def build_report(
     out_html: Path,
     figures_dir: Path | None = None,
 ) -> list[Path]:
-    """Write the report page (and, with figures_dir, the per-item pages).
-
-    Returns every file written.
-    """
+    """Write the report page (and, with figures_dir, the per-item pages); return
+    every file written."""
     specs = chart_specs(tables, settings)
     out_html = Path(out_html)
     out_html.parent.mkdir(parents=True, exist_ok=True)
-    out_html.write_text(
-        render_report(
-            tables, settings, host, variants, shown_figures(specs, settings.arms)
-        ),
-        encoding="utf-8",
-    )
+    shown = shown_figures(specs, settings.arms)
+    page = render_report(tables, settings, host, variants, shown)
+    out_html.write_text(page, encoding="utf-8")
     written = [out_html]
     if figures_dir is not None:
         written += write_report_items(tables, settings, specs, Path(figures_dir))
@@ -102,12 +92,14 @@ def write_report_items(
     """Each figure as a page and a `.vl.json`, each table as a page."""
     figures_dir.mkdir(parents=True, exist_ok=True)
     written = []
+
+    def write(file_name: str, text: str) -> None:
+        path = figures_dir / file_name
+        path.write_text(text, encoding="utf-8")
+        written.append(path)
+
     for name, spec in specs.items():
-        spec_path = figures_dir / f"{name}.vl.json"
-        spec_path.write_text(
-            json.dumps(spec, indent=1, allow_nan=False), encoding="utf-8"
-        )
-        page_path = figures_dir / f"{name}.html"
+        write(f"{name}.vl.json", json.dumps(spec, indent=1, allow_nan=False))
         page = render_page(
             "figure_page.html.j2",
             FIGURE_TITLES[name],
@@ -116,15 +108,12 @@ def write_report_items(
             spec=spec,
             caption=FIGURE_CAPTIONS[name],
         )
-        page_path.write_text(page, encoding="utf-8")
-        written += [spec_path, page_path]
+        write(f"{name}.html", page)
     for name, section in table_sections(tables, settings).items():
-        path = figures_dir / f"table_{name}.html"
         page = render_page(
             "table_page.html.j2", TABLE_TITLES[name], with_charts=False, section=section
         )
-        path.write_text(page, encoding="utf-8")
-        written.append(path)
+        write(f"table_{name}.html", page)
     return written
 
 
@@ -137,6 +126,10 @@ def render_report(
 ) -> str:
     """The whole report page as a string."""
     runs = tables["runs"]
+    sections = table_sections(tables, settings)
+    # Earlier attempts: always a page of their own, a section only when there are any.
+    if tables[ATTEMPTS_TABLE].empty:
+        del sections[ATTEMPTS_TABLE]
     return render_page(
         "report.html.j2",
         f"{settings.experiment}: serving study report",
@@ -153,7 +146,7 @@ def render_report(
         figures=specs,
         figure_titles=FIGURE_TITLES,
         figure_captions=FIGURE_CAPTIONS,
-        sections=page_sections(tables, settings),
+        sections=sections,
         table_titles=TABLE_TITLES,
         bootstrap_resamples=BOOTSTRAP_RESAMPLES,
         min_runs_for_interval=MIN_RUNS_FOR_INTERVAL,
@@ -181,15 +174,4 @@ def table_sections(
         sections[MAP_TABLE] = [map_cells_table(tables[MAP_TABLE])]
     if FIXES_TABLE in tables:
         sections = {FIXES_TABLE: [fixes_table(tables[FIXES_TABLE])], **sections}
-    return sections
-
-
-def page_sections(
-    tables: dict[str, pd.DataFrame], settings: ReportSettings
-) -> dict[str, list[Table]]:
-    """The tables the report page shows: each of table_sections, but the earlier
-    attempts only when a run has any (their own page is always written)."""
-    sections = table_sections(tables, settings)
-    if tables[ATTEMPTS_TABLE].empty:
-        del sections[ATTEMPTS_TABLE]
     return sections

@@ -59,7 +59,6 @@ def release_panel(
 
     tilt = 0 if len(order) <= 6 else -45
     x = alt.X("release:N", sort=order, title="release", axis=alt.Axis(labelAngle=tilt))
-    y_title = metric_heading(metric)
     color = alt.Color(
         "verdict:N",
         scale=alt.Scale(
@@ -70,7 +69,7 @@ def release_panel(
     line = (
         alt.Chart(summary)
         .mark_line(color="#999999")
-        .encode(x=x, y=alt.Y("median:Q", title=y_title))
+        .encode(x=x, y=alt.Y("median:Q", title=metric_heading(metric)))
     )
     spread = alt.Chart(summary).mark_rule().encode(x=x, y="min:Q", y2="max:Q")
     runs_layer = (
@@ -104,31 +103,18 @@ def release_panel(
     first = rows[rows["first_change"].astype(bool)]
     if len(first):
         change = first.iloc[0]
-        marker = pd.DataFrame(
-            [
-                {
-                    "release": change["release"],
-                    "text": f"first change: {change['release']} "
-                    f"({change['ratio']:.3g}x {change['compared_with']})",
-                }
-            ]
+        text = (
+            f"first change: {change['release']} "
+            f"({change['ratio']:.3g}x {change['compared_with']})"
         )
-        layers.append(
-            alt.Chart(marker)
-            .mark_rule(color=VERDICT_COLORS[CHANGED], strokeDash=[4, 3])
-            .encode(x=x)
-        )
-        layers.append(
-            alt.Chart(marker)
-            .mark_text(
-                align="left",
-                baseline="top",
-                dx=4,
-                y=2,
-                color=VERDICT_COLORS[CHANGED],
-            )
-            .encode(x=x, text="text:N")
-        )
+        marker = alt.Chart(pd.DataFrame([{"release": change["release"], "text": text}]))
+        changed = VERDICT_COLORS[CHANGED]
+        layers += [
+            marker.mark_rule(color=changed, strokeDash=[4, 3]).encode(x=x),
+            marker.mark_text(
+                align="left", baseline="top", dx=4, y=2, color=changed
+            ).encode(x=x, text="text:N"),
+        ]
     width = max(240, 38 * len(order))
     return alt.layer(*layers).properties(
         width=width, height=180, title=METRICS[metric].label

@@ -8,10 +8,9 @@ criterion a ``ChangeCriterion``, so each value is normalised where those records
 normalise it; a key the config leaves out takes the schema's default.
 """
 
-from __future__ import annotations
-
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Self
 
 from serving_study.analysis.release_change import ChangeCriterion
 from serving_study.config.records import Arm, config_values
@@ -21,10 +20,8 @@ OPTIONAL_KEYS = ("description", "reference", "release_series", "change_criterion
 
 @dataclass(frozen=True)
 class ReportSettings:
-    """The experiment's name and description, its arms in config order, where the
-    study's numbers come from, whether the arms are a release series and the
-    criterion that tells releases apart, and the engine with, for real SGLang,
-    the ``sglang.device`` the config gives (None for the embedded engine)."""
+    """What the report reads of the config, arms in config order; ``sglang_device``
+    is the config's ``sglang.device`` for real SGLang, None for the embedded engine."""
 
     experiment: str
     description: str
@@ -36,7 +33,7 @@ class ReportSettings:
     sglang_device: str | None
 
     @classmethod
-    def from_config(cls, config: Mapping) -> ReportSettings:
+    def from_config(cls, config: Mapping) -> Self:
         values = config_values(config, OPTIONAL_KEYS)
         engine = str(config["engine"])
         device = None

@@ -94,26 +94,23 @@ def host_summary_rows(host: dict) -> list[list[str]]:
             state = "running" if runtime.get("engine_reachable") else "not running"
             runtimes.append(f"{runtime.get('version')} (engine {state})")
     versions = host.get("versions") or {}
+
+    def value(key: str) -> str:
+        return describe(host.get(key))
+
     return [
-        ["host", describe(host.get("hostname"))],
+        ["host", value("hostname")],
         [
             "CPU",
-            f"{describe(host.get('cpu_model'))}: {describe(host.get('visible_cpus'))} "
-            f"visible of {describe(host.get('cpu_count'))}",
+            f"{value('cpu_model')}: {value('visible_cpus')} visible of "
+            f"{value('cpu_count')}",
         ],
-        ["memory", f"{describe(host.get('memory_gib'))} GiB"],
-        [
-            "kernel, cgroup",
-            f"{describe(host.get('kernel'))}, "
-            f"cgroup {describe(host.get('cgroup_version'))}",
-        ],
+        ["memory", f"{value('memory_gib')} GiB"],
+        ["kernel, cgroup", f"{value('kernel')}, cgroup {value('cgroup_version')}"],
         ["GPU", gpu_text],
-        [
-            "engine, runtime",
-            f"{describe(host.get('engine'))}, {describe(host.get('runtime'))}",
-        ],
+        ["engine, runtime", f"{value('engine')}, {value('runtime')}"],
         ["container runtimes", "; ".join(runtimes) or "not recorded"],
-        ["free /dev/shm", f"{describe(host.get('shared_memory_free_mib'))} MiB"],
+        ["free /dev/shm", f"{value('shared_memory_free_mib')} MiB"],
         [
             "software",
             ", ".join(f"{name} {version}" for name, version in versions.items()),

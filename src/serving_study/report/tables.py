@@ -5,6 +5,7 @@ cell of the thread x quota map."""
 import pandas as pd
 
 from serving_study.analysis.attempts import ATTEMPTS_TABLE
+from serving_study.analysis.map_contrast import BLOCK_COUNTS
 from serving_study.analysis.numbers import format_number
 from serving_study.analysis.summaries import NODE_FLAG
 from serving_study.metric_catalogue import METRICS
@@ -50,11 +51,7 @@ RUN_COLUMNS = (
 )
 
 # The map's counts of paired blocks, as its tables head them.
-BLOCK_COUNTS = {
-    "paired blocks": "paired_blocks",
-    "blocks below 1": "blocks_below_1",
-    "blocks above 1": "blocks_above_1",
-}
+BLOCK_HEADINGS = {count.replace("_", " "): count for count in BLOCK_COUNTS}
 
 
 def arms_tables(tables: dict[str, pd.DataFrame]) -> list[Table]:
@@ -83,10 +80,7 @@ def arms_tables(tables: dict[str, pd.DataFrame]) -> list[Table]:
                 row.append(format_number(summary["reference"]))
         rows.append(row)
     medians = Table(
-        header,
-        rows,
-        numeric_from=2,
-        notes=["Cells: median [min–max] over valid runs."],
+        header, rows, numeric_from=2, notes=["Cells: median [min–max] over valid runs."]
     )
     intervals = [interval_text(row) for row in arms.to_dict("records")]
     columns = {
@@ -202,7 +196,7 @@ def map_by_quota_table(by_quota: pd.DataFrame) -> Table:
         "smallest ratio": "ratio_min",
         "largest ratio": "ratio_max",
         "threads at the largest": "threads_at_max",
-        **BLOCK_COUNTS,
+        **BLOCK_HEADINGS,
     }
     figures = ("ratio_min", "ratio_max")
     return Table.of_frame(by_quota, columns, figures=figures, numeric_from=3)
@@ -217,7 +211,7 @@ def map_contrast_table(contrast: pd.DataFrame) -> Table:
         "baseline req/s": "baseline_rps",
         "compared req/s": "compared_rps",
         "ratio (median of blocks)": "ratio",
-        **BLOCK_COUNTS,
+        **BLOCK_HEADINGS,
         "each block's ratio": "block_ratios",
     }
     ratios = [text(ratios).replace(";", ", ") for ratios in contrast["block_ratios"]]

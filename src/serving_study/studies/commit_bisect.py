@@ -20,17 +20,13 @@ drift of the host between probes cannot move a probe to the wrong side:
 
 It ends when a good and a bad probe are neighbours: the bad one is the first
 commit that changed the figure, and "found" means that each neighbour met the
-criterion on its own side. Every measurement is recorded (commit, role, block,
-its runs' spread, both comparisons, which side it fell on and why) in the result,
-with how many comparisons were made and a bound on the chance that any of them
-fell apart by chance alone. The Snakemake rule writes it as
-``results/<experiment>/bisect.json``.
+criterion on its own side. Every measurement is recorded in the result, with a
+bound on the chance that any comparison fell apart by chance alone; the Snakemake
+rule writes it as ``results/<experiment>/bisect.json``.
 
 With first-parent history a change that arrived in a merge is found as that merge
 commit (SGLang squash-merges its pull requests, so there each commit is one).
 """
-
-from __future__ import annotations
 
 import json
 import logging
@@ -155,46 +151,19 @@ def search(
 
     def measured(commit: str, role: str, block: int) -> Spread:
         measurement = measure(commit, role, block)
-        probes.append(
-            Probe(
-                commit,
-                role,
-                measurement.spread,
-                details={**measurement.details, "block": block},
-            )
-        )
+        details = {**measurement.details, "block": block}
+        probes.append(Probe(commit, role, measurement.spread, details=details))
         return measurement.spread
 
     good = measured(commits[0], "good end", 0)
     bad = measured(commits[-1], "bad end", 0)
     ends = compare(good, bad, criterion)
-    result = {
-        "criterion": {
-            "metric": criterion.metric,
-            "min_change": criterion.min_change,
-            "min_valid_runs": criterion.min_valid_runs,
-            "false_alarm_chance": false_alarm_chance(
-                criterion.min_valid_runs, criterion.min_valid_runs
-            ),
-        },
-        "commits_in_range": len(commits),
-        "ends": ends.as_dict(),
-    }
-    if not ends.changed:
-        return {
-            **result,
-            "status": ENDS_ALIKE,
-            "reason": f"good and bad: {ends.verdict} ({ends.detail})",
-            "last_good_commit": None,
-            "first_bad_commit": None,
-            **error_rate(0, criterion),
-            "probes": [probe.as_dict() for probe in probes],
-        }
-
     low, high = 0, len(commits) - 1
     status, reason = FOUND, ""
+    if not ends.changed:
+        status, reason = ENDS_ALIKE, f"good and bad: {ends.verdict} ({ends.detail})"
     block = 0
-    while high - low > 1:
+    while status == FOUND and high - low > 1:
         block += 1
         middle = (low + high) // 2
         members = {
@@ -228,7 +197,6 @@ def search(
                 f"commit {commits[middle]} is undecided ({why}); the change "
                 f"lies between {commits[low]} and {commits[high]}"
             )
-            break
     if status == FOUND:
         reason = (
             f"{commits[high]} is the first commit whose {criterion.metric} is like "
@@ -236,10 +204,19 @@ def search(
             "like the good end's and unlike the bad end's"
         )
     return {
-        **result,
+        "criterion": {
+            "metric": criterion.metric,
+            "min_change": criterion.min_change,
+            "min_valid_runs": criterion.min_valid_runs,
+            "false_alarm_chance": false_alarm_chance(
+                criterion.min_valid_runs, criterion.min_valid_runs
+            ),
+        },
+        "commits_in_range": len(commits),
+        "ends": ends.as_dict(),
         "status": status,
         "reason": reason,
-        "last_good_commit": commits[low],
+        "last_good_commit": None if status == ENDS_ALIKE else commits[low],
         "first_bad_commit": commits[high] if status == FOUND else None,
         **error_rate(block, criterion),
         "probes": [probe.as_dict() for probe in probes],
@@ -252,12 +229,9 @@ def error_rate(blocks: int, criterion: ChangeCriterion) -> dict:
     fall apart by chance alone had nothing changed (each one's chance: the
     criterion's ranges, ``min_valid_runs`` against as many)."""
     comparisons = 1 + 3 * blocks
-    runs = criterion.min_valid_runs
-    each = false_alarm_chance(runs, runs)
-    return {
-        "comparisons": comparisons,
-        "false_alarm_bound": any_false_alarm_bound([each] * comparisons),
-    }
+    each = false_alarm_chance(criterion.min_valid_runs, criterion.min_valid_runs)
+    bound = any_false_alarm_bound([each] * comparisons)
+    return {"comparisons": comparisons, "false_alarm_bound": bound}
 
 
 # --- one probe: fetch, variant, runs ------------------------------------------------
@@ -309,7 +283,6 @@ def measure_commit(
     commit: str, role: str, block: int, settings: ProbeSettings
 ) -> Measurement:
     """Run the arm ``runs`` times on ``commit``'s variant, within ``block``."""
-    name = f"commit-{commit[:12]}"
     variant = commit_variant(commit, settings)
     commit_dir = settings.probes_dir / commit[:12]
     probe_dir = commit_dir / f"block{block}"
@@ -323,7 +296,7 @@ def measure_commit(
             Spread.of_values([]), {**details, "unmeasurable": str(error)}
         )
 
-    arm = replace(settings.arm, name=name, variant=name)
+    arm = replace(settings.arm, name=variant.name, variant=variant.name)
     records = []
     for run in range(1, settings.runs + 1):
         run_dir = probe_dir / f"run{run}"
@@ -342,18 +315,12 @@ def measure_commit(
                 client=settings.client,
                 monitors=settings.monitors,
                 sharing=settings.sharing,
-                paths=RunPaths(
-                    metrics=run_dir / "metrics.json",
-                    requests=run_dir / "requests.jsonl",
-                    monitors=run_dir / "monitors.json",
-                    provenance=run_dir / "provenance.json",
-                    server_log=run_dir / "server.log",
-                ),
+                paths=RunPaths.in_directory(run_dir),
             )
         )
     probe_config = {"arms": [arm.as_config()]}
     arms = arms_table(runs_table(records, probe_config), probe_config)
-    spread = Spread.of_arm(arms, name, settings.criterion.metric)
+    spread = Spread.of_arm(arms, arm.name, settings.criterion.metric)
     invalid = [
         f"run{record['run']}: {'; '.join(record.get('invalid_reasons') or [])}"
         for record in records

@@ -5,12 +5,11 @@ when remote); the commits from good to bad along bad's first-parent history are 
 bisect's candidates, good first.
 """
 
-from __future__ import annotations
-
-import os
 import subprocess
 import tempfile
 from pathlib import Path
+
+from serving_study.sources.git_commands import git_environment
 
 GIT_TIMEOUT_S = 1800
 
@@ -20,11 +19,8 @@ class BisectError(RuntimeError):
 
 
 def first_parent_commits(repository: str, good: str, bad: str) -> list[str]:
-    """Full shas from good to bad along bad's first-parent history, good first.
-
-    The repository is cloned without file contents into a temporary directory;
-    ``good`` and ``bad`` may be shas or tags.
-    """
+    """Full shas from good to bad along bad's first-parent history, good first;
+    ``good`` and ``bad`` may be shas or tags."""
     local = Path(repository).expanduser()
     source = str(local.resolve()) if local.exists() else repository
     with tempfile.TemporaryDirectory(prefix="bisect-history-") as work:
@@ -43,9 +39,7 @@ def first_parent_commits(repository: str, good: str, bad: str) -> list[str]:
                 f"{good_commit}; give the commit before the change as good"
             )
         ancestor = _git(
-            ["merge-base", "--is-ancestor", good_commit, bad_commit],
-            clone,
-            check=False,
+            ["merge-base", "--is-ancestor", good_commit, bad_commit], clone, check=False
         )
         if ancestor.returncode != 0:
             raise BisectError(
@@ -82,19 +76,13 @@ def _resolve(clone: Path, revision: str, end: str, repository: str) -> str:
 def _git(
     arguments: list[str], cwd: Path, what: str = "", check: bool = True
 ) -> subprocess.CompletedProcess:
-    environment = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
-    }
-    environment["GIT_TERMINAL_PROMPT"] = "0"
     result = subprocess.run(
         ["git", *arguments],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=GIT_TIMEOUT_S,
-        env=environment,
+        env=git_environment(),
     )
     if check and result.returncode != 0:
         last = (result.stderr.strip().splitlines() or ["no output"])[-1]

@@ -6,14 +6,12 @@ the server's runtime Python. ``analysis/real_server_figures.py`` splits an arm's
 main-process CPU per request with these figures.
 """
 
-from __future__ import annotations
-
 import json
 import os
 import subprocess
 from pathlib import Path
 
-from serving_study.servers.environment import THREAD_SETTINGS
+from serving_study.servers.environment import server_environment
 
 COSTS_SCRIPT = Path(__file__).with_name("main_process_costs.py")
 
@@ -28,10 +26,7 @@ def measure_main_process_steps(
 ) -> dict:
     """The processor's and the SHM copy's CPU per image, in the server's runtime,
     with the arm's thread knobs (and none of this process's)."""
-    environment = {
-        name: value for name, value in os.environ.items() if name not in THREAD_SETTINGS
-    }
-    environment.update(arm_environment)
+    environment = server_environment(os.environ, arm_environment)
     environment["PYTHONPATH"] = python_path
     finished = subprocess.run(
         # -P: the script's own folder (this package's studies/) must not go first on

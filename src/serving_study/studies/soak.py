@@ -28,6 +28,7 @@ import psutil
 import yaml
 
 from serving_study.config.arm_order import execution_order
+from serving_study.config.platform import PROJECT_ROOT
 from serving_study.config.records import (
     Arm,
     ClientSettings,
@@ -36,12 +37,12 @@ from serving_study.config.records import (
     ServerSettings,
     Variant,
 )
+from serving_study.config.schema import SCHEMA_PATH
 from serving_study.config.validation import check_config
 from serving_study.launch.engines import launch_plan
 from serving_study.measure.arm_runner import run_arm
 from serving_study.measure.run_outputs import RunPaths
 
-PROJECT_ROOT = Path(__file__).resolve().parents[3]
 RESULTS = PROJECT_ROOT / "results"
 SHARED_MEMORY = Path("/dev/shm")
 
@@ -77,12 +78,7 @@ def process_state() -> dict:
 
 def soak(config_path: Path, runs: int, requests: int | None, workdir: Path) -> dict:
     config = yaml.safe_load(config_path.read_text())
-    check_config(
-        config,
-        PROJECT_ROOT / "config" / "schema" / "config.schema.yaml",
-        [config_path],
-        PROJECT_ROOT,
-    )
+    check_config(config, SCHEMA_PATH, [config_path], PROJECT_ROOT)
     experiment = f"soak-{config['experiment']}"
     arms = {arm["name"]: Arm.from_config(arm) for arm in config["arms"]}
     order = execution_order({name: runs for name in arms}, config["seed"])
@@ -116,18 +112,15 @@ def soak(config_path: Path, runs: int, requests: int | None, workdir: Path) -> d
             paths=RunPaths.in_directory(directory),
         )
         if not metrics["valid"]:
-            failures.append(
-                {"arm": arm_name, "run": run, **{"reasons": metrics["invalid_reasons"]}}
-            )
+            reasons = metrics["invalid_reasons"]
+            failures.append({"arm": arm_name, "run": run, "reasons": reasons})
         throughputs[arm_name].append(metrics.get("throughput_rps"))
         state = process_state()
-        if baseline is None:
-            baseline = state
+        baseline = baseline or state
         print(
             f"[{position}/{len(order)}] {arm_name} run {run}: valid={metrics['valid']} "
             f"{metrics.get('throughput_rps') or 0:.2f} req/s, "
-            f"fds={state['open_files']}, "
-            f"threads={state['threads']}",
+            f"fds={state['open_files']}, threads={state['threads']}",
             file=sys.stderr,
             flush=True,
         )
@@ -169,10 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         "--runs", type=int, default=16, help="runs per arm (default 16)"
     )
     parser.add_argument(
-        "--requests",
-        type=int,
-        default=None,
-        help="measured requests per run (default: the config's)",
+        "--requests", type=int, help="measured requests per run (default: the config's)"
     )
     arguments = parser.parse_args(argv)
     if os.geteuid() != 0:

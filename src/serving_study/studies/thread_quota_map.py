@@ -23,6 +23,7 @@ a server died, its remaining cells say so. Nothing invalid is drawn.
 
 import contextlib
 import dataclasses
+import itertools
 import logging
 import random
 import time
@@ -64,16 +65,9 @@ CELL_FIGURES = (
     "torch_threads",
     "gpu_util_percent",
 )
-TABLE_COLUMNS = (
-    "block",
-    "position",
-    "variant",
-    "intra_op_threads",
-    "cpu_quota",
-    "valid",
-    *CELL_FIGURES,
-    "invalid_reason",
-)
+# Where a cell stands: its block, its place in the block's order, and which cell it is.
+CELL_PLACE = ("block", "position", "variant", "intra_op_threads", "cpu_quota")
+TABLE_COLUMNS = (*CELL_PLACE, "valid", *CELL_FIGURES, "invalid_reason")
 
 
 def quota_label(quota: float | str | None) -> str:
@@ -100,11 +94,7 @@ def block_plan(settings: Mapping, seed: int, block: int) -> list[ServerRound]:
     draw.shuffle(threads)
     rounds = []
     for count in threads:
-        cells = [
-            (variant, quota)
-            for variant in settings["variants"]
-            for quota in settings["cpu_quotas"]
-        ]
+        cells = list(itertools.product(settings["variants"], settings["cpu_quotas"]))
         draw.shuffle(cells)
         rounds.append(ServerRound(count, tuple(cells)))
     return rounds
@@ -135,7 +125,9 @@ def cell_arm(settings: Mapping, variant: str, threads: int, quota) -> Arm:
 
 @dataclasses.dataclass(frozen=True)
 class MapContext:
-    """What every server and cell of one block shares."""
+    """What every server and cell of one block shares: ``settings`` is the config's
+    ``thread_quota_map`` section; ``traced_to`` holds each variant's provenance,
+    which its servers' records carry."""
 
     experiment: str
     settings: Mapping
@@ -150,47 +142,20 @@ class MapContext:
 
 
 @termination_as_interrupt()
-def run_map_block(
-    *,
-    experiment: str,
-    settings: Mapping,
-    seed: int,
-    block: int,
-    variants: Mapping[str, Variant],
-    workload_manifest: Path,
-    server_settings: ServerSettings,
-    client: ClientSettings,
-    monitors: MonitorSettings,
-    block_dir: Path,
-    sharing: HostSharing,
-    traced_to: Mapping[str, dict],
-) -> list[dict]:
-    """Measure block ``block`` of the map; return its cells' metrics in the order
-    they ran.
-
-    ``settings`` is the config's ``thread_quota_map`` section; ``traced_to`` holds
-    each variant's provenance, which its servers' records carry. The block holds the
-    host's measurement lock from before its first server starts until its last has
-    stopped, as an arm's run does.
-    """
-    context = MapContext(
-        experiment=experiment,
-        settings=settings,
-        block=block,
-        variants=variants,
-        workload_manifest=workload_manifest,
-        server_settings=server_settings,
-        client=dataclasses.replace(client, warmup_requests=settings["warmup_requests"]),
-        monitors=monitors,
-        block_dir=block_dir,
-        traced_to=traced_to,
+def run_map_block(context: MapContext, seed: int, sharing: HostSharing) -> list[dict]:
+    """Measure the context's block of the map; return its cells' metrics in the
+    order they ran. The block holds the host's measurement lock from before its
+    first server starts until its last has stopped, as an arm's run does."""
+    # Each cell warms up as many requests as the map's settings say.
+    client = dataclasses.replace(
+        context.client, warmup_requests=context.settings["warmup_requests"]
     )
-    block_dir.mkdir(parents=True, exist_ok=True)
+    context = dataclasses.replace(context, client=client)
+    context.block_dir.mkdir(parents=True, exist_ok=True)
     cells: list[dict] = []
-    with MeasurementLock.acquire(
-        sharing, holder=f"experiment {experiment}, map block {block}"
-    ) as lock:
-        for server_round in block_plan(settings, seed, block):
+    holder = f"experiment {context.experiment}, map block {context.block}"
+    with MeasurementLock.acquire(sharing, holder=holder) as lock:
+        for server_round in block_plan(context.settings, seed, context.block):
             cells += run_round(context, server_round, lock.record, first=len(cells))
     return cells
 
@@ -220,31 +185,16 @@ def run_round(
             started[variant_name] = (server, base_url)
         cells = []
         for offset, (variant_name, quota) in enumerate(server_round.cells):
-            place = {"block": context.block, "position": first + offset}
-            if variant_name in why_not:
-                cells.append(
-                    failed_cell(
-                        context, variant_name, threads, quota, why_not[variant_name]
-                    )
-                    | place
-                )
-                continue
-            server, base_url = started[variant_name]
-            if server.exit_code() is not None:
+            arm = cell_arm(context.settings, variant_name, threads, quota)
+            server, base_url = started.get(variant_name, (None, None))
+            reason = why_not.get(variant_name)
+            if server is not None and server.exit_code() is not None:
                 reason = f"the cell's server had exited (code {server.exit_code()})"
-                cells.append(
-                    failed_cell(context, variant_name, threads, quota, reason) | place
-                )
-                continue
-            cells.append(
-                measure_cell(
-                    context,
-                    server,
-                    base_url,
-                    cell_arm(context.settings, variant_name, threads, quota),
-                )
-                | place
-            )
+            if reason is None:
+                cell = measure_cell(context, server, base_url, arm)
+            else:
+                cell = failed_cell(arm, reason)
+            cells.append(cell | {"block": context.block, "position": first + offset})
     for cell in cells:
         cell_dir = cell_directory(
             context, cell["variant"], int(cell["intra_op_threads"]), cell["cpu_quota"]
@@ -260,9 +210,8 @@ def server_directory(context: MapContext, variant_name: str, threads: int) -> Pa
 def cell_directory(context: MapContext, variant_name: str, threads: int, quota) -> Path:
     """Where one cell's request log, monitors and metrics go; the cell's directory
     exists on return."""
-    cell_dir = server_directory(context, variant_name, threads) / (
-        f"quota-{quota_label(quota)}"
-    )
+    quota_dir = f"quota-{quota_label(quota)}"
+    cell_dir = server_directory(context, variant_name, threads) / quota_dir
     cell_dir.mkdir(parents=True, exist_ok=True)
     return cell_dir
 
@@ -356,10 +305,11 @@ def measure_cell(context: MapContext, server, base_url: str, arm: Arm) -> dict:
     return metrics
 
 
-def failed_cell(context: MapContext, variant: str, threads: int, quota, reason: str):
-    arm = cell_arm(context.settings, variant, threads, quota)
+def failed_cell(arm: Arm, reason: str) -> dict:
     metrics = failed_run_metrics(arm, 1, reason)
-    metrics.update(intra_op_threads=threads, cpu_quota=quota_label(quota))
+    metrics.update(
+        intra_op_threads=arm.intra_op_threads, cpu_quota=quota_label(arm.cpu_quota)
+    )
     return metrics
 
 

@@ -12,8 +12,6 @@ measured against it measures itself.
 share a core with it. `GET /health` answers 200 once the server listens.
 """
 
-from __future__ import annotations
-
 import argparse
 import asyncio
 import os
@@ -28,16 +26,16 @@ MODEL = "zero-work"
 STREAM_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
 
 
-def complete_stream(tokens: int, model: str = MODEL, prompt_tokens: int = 0) -> bytes:
+def complete_stream(tokens: int) -> bytes:
     """Every SSE event of one streamed answer of `tokens` tokens, as one byte string."""
-    identity = openai_api.CompletionIdentity(model=model)
+    identity = openai_api.CompletionIdentity(model=MODEL)
     role = {"role": "assistant", "content": ""}
     events = [openai_api.sse_event(openai_api.stream_chunk(identity, role))]
     for index in range(tokens):
         delta = {"content": openai_api.token_text(index)}
         events.append(openai_api.sse_event(openai_api.stream_chunk(identity, delta)))
     finish = openai_api.stream_chunk(identity, {}, finish_reason="length")
-    counts = openai_api.usage(prompt_tokens, tokens)
+    counts = openai_api.usage(prompt_tokens=0, completion_tokens=tokens)
     events.append(openai_api.sse_event(finish))
     events.append(openai_api.sse_event(openai_api.usage_chunk(identity, counts)))
     events.append(openai_api.sse_event("[DONE]"))
@@ -67,8 +65,7 @@ async def serve(host: str, port: int, tokens: int) -> None:
     """Serve until SIGTERM or SIGINT."""
     runner = web.AppRunner(make_app(tokens), access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, host, port)
-    await site.start()
+    await web.TCPSite(runner, host, port).start()
     stop_requested = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signal_number in (signal.SIGTERM, signal.SIGINT):
@@ -88,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--tokens", type=int, default=32)
     parser.add_argument("--cpu", type=int, help="pin the server to this CPU")
-    arguments = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    arguments = parser.parse_args(argv)
     if arguments.tokens < 1:
         parser.error(f"--tokens must be at least 1, got {arguments.tokens}")
     if arguments.cpu is not None:

@@ -1,7 +1,5 @@
 """Command line: the benchmark parts that need a fresh process of their own."""
 
-from __future__ import annotations
-
 import argparse
 import contextlib
 import json

@@ -3,8 +3,6 @@
 The phases come from the engine's log milestones and the client's summary.
 """
 
-from __future__ import annotations
-
 import json
 import re
 import time
@@ -138,14 +136,10 @@ def measure_arm_overhead(
     provenance = json.loads(paths.provenance.read_text())
     wall, measured = provenance["wall_s"], metrics["measured_seconds"]
     overhead = wall - measured if measured else None
-    client_summary = provenance.get("client")
-    phases = (
-        arm_phases(
-            server_milestones(paths.server_log), client_summary, launched, returned
-        )
-        if client_summary
-        else None
-    )
+    phases = None
+    if client_summary := provenance.get("client"):
+        milestones = server_milestones(paths.server_log)
+        phases = arm_phases(milestones, client_summary, launched, returned)
     return {
         "arm_overhead_s": round(overhead, 3) if overhead is not None else None,
         "overhead_split_s": overhead_split(overhead, phases),

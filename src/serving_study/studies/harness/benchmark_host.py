@@ -5,8 +5,6 @@ priority, and records how many cores the host kept busy meanwhile and how many o
 those other processes used: the host is shared and small.
 """
 
-from __future__ import annotations
-
 import contextlib
 import os
 import platform

@@ -4,8 +4,6 @@ Its highest sustained request rate, pinned to one CPU, and the time it adds to a
 request's first token beside the least a client can do: one blocking socket.
 """
 
-from __future__ import annotations
-
 import asyncio
 import re
 import socket
@@ -72,6 +70,7 @@ def measure_client_rate(
             after = read_cpu([client, server.process])
         wall = after.at - before.at
         window = (summary.measured_end_s or 0) - (summary.measured_start_s or 0)
+        sent = 2 * concurrency + measured_requests  # warm-up and measured requests
         client_share = (_process_cpu_seconds(client) - client_before) / wall
         server_share = (_process_cpu_seconds(server.process) - server_before) / wall
         levels.append(
@@ -83,10 +82,7 @@ def measure_client_rate(
                 "window_s": round(window, 3),
                 "rps": round(summary.measured_ok / window, 1) if window > 0 else None,
                 "client_cpu_ms_per_request": round(
-                    1000
-                    * summary.client_cpu_seconds
-                    / (2 * concurrency + measured_requests),
-                    4,
+                    1000 * summary.client_cpu_seconds / sent, 4
                 ),
                 "client_cpu_share": round(client_share, 3),
                 "server_cpu_share": round(server_share, 3),
@@ -188,9 +184,7 @@ def measure_ttft_overhead(
         for request in chat_requests
     ]
     warmup = max(1, requests_per_round // 10)
-    raw: list[float] = []
-    harness: list[float] = []
-    per_round: list[float] = []
+    raw, harness, per_round = [], [], []  # TTFTs in ms, and overheads per round
     client = psutil.Process()
     before = read_cpu([client, server.process])
     with pinned_to(client_cpu):

@@ -3,8 +3,6 @@
 They sample a server-shaped process tree with many threads inside a real cgroup.
 """
 
-from __future__ import annotations
-
 import contextlib
 import sys
 import time

@@ -1,11 +1,5 @@
-"""Each variant's copy into shared memory beside this host's single-thread memcpy.
-
-The copies run in a fresh process with the server's default threads
-(`python -m serving_study.studies.harness shm-copy`), each variant's own
-`ShmPointerMMData` beside memcpy into fresh, new-segment and faulted-in memory.
-"""
-
-from __future__ import annotations
+"""Each variant's copy into shared memory beside this host's single-thread memcpy,
+in a fresh process with the server's default threads."""
 
 import ctypes
 import json

@@ -9,8 +9,6 @@ the jobs run one after another, so the study costs the sum of these seconds,
 Snakemake's own start-up of a few seconds and each run job's Python start aside.
 """
 
-from __future__ import annotations
-
 import csv
 import json
 import statistics

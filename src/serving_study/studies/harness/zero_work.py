@@ -1,10 +1,5 @@
-"""The zero-work server in a process of its own, for the client's benchmarks.
-
-`serving_study.studies.zero_work_server` answers every request at once; here it
-runs pinned to one CPU, is waited on until healthy, and is stopped after.
-"""
-
-from __future__ import annotations
+"""The zero-work server (`serving_study.studies.zero_work_server`) in a process of
+its own, for the client's benchmarks."""
 
 import contextlib
 import subprocess
@@ -29,13 +24,11 @@ class RunningServer:
 
 
 @contextlib.contextmanager
-def zero_work_server(
-    cpu: int | None, tokens: int = OUTPUT_TOKENS, niceness: int | None = None
-) -> Iterator:
+def zero_work_server(cpu: int | None, niceness: int | None = None) -> Iterator:
     """Start the zero-work server (pinned to `cpu`) and stop it after."""
     port = free_port()
     argv = [sys.executable, "-m", "serving_study.studies.zero_work_server"]
-    argv += ["--port", str(port), "--tokens", str(tokens)]
+    argv += ["--port", str(port), "--tokens", str(OUTPUT_TOKENS)]
     if cpu is not None:
         argv += ["--cpu", str(cpu)]
     process = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
