@@ -499,6 +499,9 @@ PER_RUN_OPTIONS = ("--name", "--label", "--port")
 
 
 def without_per_run_values(argv: list[str]) -> list[str]:
+    """``argv`` with its per-run values masked and the run's port (last) left out."""
+    if argv[-2:-1] == ["--port"]:
+        argv = argv[:-2]
     return [
         "<per run>" if index and argv[index - 1] in PER_RUN_OPTIONS else item
         for index, item in enumerate(argv)

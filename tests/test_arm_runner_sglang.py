@@ -83,7 +83,8 @@ def test_the_container_gets_gpus_the_model_read_only_and_the_cache_settings(
     paths = RunPaths(*(tmp_path / name for name in "abcde"))
     run = new_server(plan, "b1-B-run1", paths).runtime_argv
     assert "--privileged" not in run
-    assert run[run.index("--gpus") + 1] == "all"
+    assert run[run.index("--gpus") + 1] == "device=0"  # one GPU, named
+    assert "--read-only" in run and run[run.index("--pids-limit") + 1] == "4096"
     assert (
         "/data/models/Qwen3-VL-4B-Instruct:/models/Qwen--Qwen3-VL-4B-Instruct:ro" in run
     )

@@ -202,6 +202,9 @@ def test_containers_get_no_capabilities_and_no_new_privileges(runtime):
     assert option_values(options, "--cap-drop") == ["ALL"]
     assert option_values(options, "--security-opt") == ["no-new-privileges"]
     assert "--cap-add" not in options and "--privileged" not in options
+    # Only the mounts, /dev/shm and a scratch /tmp are writable; pids are bounded.
+    assert "--read-only" in options and option_value(options, "--pids-limit") == "4096"
+    assert option_value(options, "--tmpfs").startswith("/tmp:rw,")
 
 
 def test_an_image_id_file_must_hold_an_image_id(tmp_path):
@@ -244,7 +247,8 @@ def options_of(container: dict, tmp_path: Path, wants_gpus: bool = False):
     return container_options(server, arm_record(concurrency=16), command, manifest)
 
 
-def test_container_options_from_config(tmp_path):
+def test_container_options_from_config(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     computed = options_of(EMBEDDED_SETTINGS, tmp_path)
     assert (computed.shm_size, computed.ipc_host, computed.gpus) == (
         "3328m",
@@ -254,7 +258,10 @@ def test_container_options_from_config(tmp_path):
     assert computed.image == "sha256:" + "c" * 64
     fixed = EMBEDDED_SETTINGS | {"shm_size": "16g"}
     assert options_of(fixed, tmp_path, wants_gpus=True).shm_size == "16g"
-    assert options_of(fixed, tmp_path, wants_gpus=True).gpus == "all"
+    assert options_of(fixed, tmp_path, wants_gpus=True).gpus == "device=0"
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")
+    assert options_of(fixed, tmp_path, wants_gpus=True).gpus == "device=3"
+    assert options_of(fixed | {"gpus": "all"}, tmp_path, wants_gpus=True).gpus == "all"
     assert options_of(fixed, tmp_path, wants_gpus=False).gpus is None
     assert options_of(fixed | {"gpus": "device=1"}, tmp_path).gpus == "device=1"
     shared = EMBEDDED_SETTINGS | {"ipc_host": True}

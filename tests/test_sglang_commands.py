@@ -153,7 +153,8 @@ def test_every_arm_spells_out_transport_and_caches(experiment, arm, files):
     assert flag_values(argv, "--port") == ["30000"]
     assert flag_values(argv, "--host") == ["127.0.0.1"]
     assert flag_values(argv, "--served-model-name") == ["Qwen/Qwen3-VL-4B-Instruct"]
-    assert plan.container.image == IMAGE_ID and plan.container.gpus == "all"
+    assert plan.container.image == IMAGE_ID and plan.container.gpus == "device=0"
+    assert plan.environment["HOME"] == "/tmp"  # the image's root is read-only
 
 
 @pytest.mark.parametrize("experiment, arm", every_arm())
@@ -508,9 +509,10 @@ def test_a_cpu_container_gets_no_gpus_and_the_variants_image(files):
 
 
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
-def test_every_server_shares_one_compile_cache_per_kind(device, files):
+def test_every_server_of_one_kind_and_image_shares_one_compile_cache(device, files):
     """Each arm's server is told the same inductor cache: a directory of this
-    project on the host, mounted writable at one path inside every container."""
+    project on the host, one per image for containers (a variant's kernels never
+    reach another's), mounted writable at one path inside every container."""
     platform = platform_for(device)
     plans = {
         (runtime, arm.name): plan_of("b1", arm, files, runtime=runtime, device=device)
@@ -528,7 +530,8 @@ def test_every_server_shares_one_compile_cache_per_kind(device, files):
         else:
             assert told == inside
             volumes = flag_values(run_command(plan, "n", "n"), "--volume")
-            assert f"{container_cache}:{inside}:rw" in volumes
+            per_image = container_cache / IMAGE_ID.removeprefix("sha256:")[:16]
+            assert f"{per_image}:{inside}:rw" in volumes
 
 
 @pytest.mark.parametrize("flag", ["--device", "--load-format=dummy"])

@@ -20,8 +20,8 @@ import os
 import re
 import sys
 from collections.abc import Sequence
-from itertools import pairwise
 from importlib.machinery import ModuleSpec
+from itertools import pairwise
 from types import ModuleType
 
 import serving_study_startup_gc

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 from serving_study.config.platform import PROJECT_ROOT
@@ -44,11 +45,15 @@ def launch_plan(
     """How the arm's server starts (``port`` None until a run picks one)."""
     command = ENGINES[server.engine](server, arm, variant)
     local = not server.in_container
+    environment = dict(command.environment)
+    if not local:
+        # The image's root is read-only: caches go to the container's scratch /tmp.
+        environment = {"HOME": "/tmp"} | environment
     return LaunchPlan(
         engine=server.engine,
         argv=command.argv,
         port=port,
-        environment=command.environment,
+        environment=environment,
         secret_environment=arm.secret_environment,
         host_environment=HOST_VARIABLES if local else (),
         working_directory=str(PROJECT_ROOT) if local else None,
@@ -78,7 +83,8 @@ def container_options(
     """The container of the config's ``container`` section: a private /dev/shm
     sized for the workload (Docker's default 64 MiB would silently push SGLang off
     the shared-memory path under study) unless it sets one or the host's IPC;
-    ``gpus: auto`` gives every GPU only to an engine that wants them."""
+    ``gpus: auto`` gives an engine that wants GPUs one, named: the first this host
+    shows (CUDA_VISIBLE_DEVICES), never every GPU of the host."""
     settings = server.container
     shm_size = settings.get("shm_size")
     if not shm_size and not settings["ipc_host"]:
@@ -87,7 +93,7 @@ def container_options(
         shm_size = f"{size // MIB}m"
     gpus = settings["gpus"]
     if gpus == "auto":
-        gpus = "all" if command.wants_gpus else None
+        gpus = f"device={first_visible_gpu()}" if command.wants_gpus else None
     return ContainerOptions(
         runtime=server.runtime,
         image=read_image_id(server.image_id_file),
@@ -97,6 +103,12 @@ def container_options(
         read_only_mounts=command.read_only_mounts,
         writable_mounts=command.writable_mounts,
     )
+
+
+def first_visible_gpu() -> str:
+    """The first GPU this process may use: CUDA_VISIBLE_DEVICES's first index, or 0."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+    return visible if visible.isdigit() else "0"
 
 
 def largest_tensor_bytes(workload_manifest: Path) -> int:

@@ -27,6 +27,7 @@ from serving_study.config.platform import (
 from serving_study.config.records import Arm, ServerSettings, Variant
 from serving_study.config.server_arguments import server_argument_conflicts
 from serving_study.launch.plan import EngineCommand
+from serving_study.sources.images import read_image_id
 from serving_study.sources.variants import changed_modules
 
 SERVER_MODULE = "sglang.launch_server"
@@ -177,6 +178,10 @@ def sglang_command(server: ServerSettings, arm: Arm, variant: Variant) -> Engine
         model_flags(server.model_load_format, server.model_dtype),
     )
     cache_directory, cache_seen_as = compile_cache(platform, in_container)
+    if in_container:
+        # One cache per image: a variant's kernels never reach another's server.
+        image_id = read_image_id(server.image_id_file)
+        cache_directory = cache_directory / image_id.removeprefix("sha256:")[:16]
     patched = tuple(changed_modules(variant.identity, PROJECT_ROOT))
     environment = {
         "SGLANG_VLM_CACHE_SIZE_MB": str(settings["vlm_cache_size_mb"]),

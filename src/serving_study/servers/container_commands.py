@@ -23,6 +23,16 @@ RUNTIMES = ("docker", "podman")
 # root-owned compile cache, and signal only their own processes), and nothing in
 # a container may gain privileges (setuid binaries) after it starts.
 LEAST_PRIVILEGE = ("--cap-drop", "ALL", "--security-opt", "no-new-privileges")
+# Nothing but the mounts, /dev/shm and a scratch /tmp may be written (the plan
+# points HOME there), and a runaway tree cannot exhaust the host's pids: SGLang's
+# processes hold a few hundred threads between them.
+CONFINED = (
+    "--read-only",
+    "--tmpfs",
+    "/tmp:rw,exec,nosuid,nodev,size=4g",
+    "--pids-limit",
+    "4096",
+)
 RUN_LABEL = "serving-study.run"
 # The pid of the runner that started the container: once it is gone, the
 # container is a leftover (leftovers.py removes it).
@@ -78,6 +88,7 @@ def run_command(plan: LaunchPlan, name: str, label: str) -> list[str]:
     ]
     log_driver = "json-file" if runtime == "docker" else "k8s-file"
     argv += ["--network=host", f"--log-driver={log_driver}", *LEAST_PRIVILEGE]
+    argv += CONFINED
     if plan.quota.cores is not None and plan.quota.from_start:
         argv += ["--cpus", f"{plan.quota.cores:g}"]
     if container.ipc_host:

@@ -56,9 +56,7 @@ def recorded_environment(
     the Hub's and the load probe's variables, never a secret: one by name is left
     out, a value with credentials in a URL or shaped like a token is redacted."""
     return {
-        name: REDACTED
-        if has_credentials(value) or looks_like_a_token(value)
-        else value
+        name: REDACTED if has_credentials(value) or looks_like_a_token(value) else value
         for name, value in sorted(environment.items())
         if (name in THREAD_SETTINGS or name.startswith(RECORDED_PREFIXES))
         and not is_secret(name)
