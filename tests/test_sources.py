@@ -15,8 +15,9 @@ import pytest
 from study_helpers import git
 
 from serving_study.files import file_sha256
-from serving_study.sources import pypi_source, wheelhouse
+from serving_study.sources import package_extraction, pypi_source, wheelhouse
 from serving_study.sources.fetch import fetch_source, read_identity
+from serving_study.sources.git_commands import git_environment
 from serving_study.sources.images import assemble_context
 from serving_study.sources.pull_request import fetch_pull_request_diff
 from serving_study.sources.recorded_files import RecordedFileChanged
@@ -634,3 +635,26 @@ def test_a_git_commit_linking_out_of_the_tree_is_refused(upstream, tmp_path):
     assert "'python/sglang/etc' is a link to an absolute path" in message
     assert "\n" not in message
     assert list((tmp_path / "sources").iterdir()) == []
+
+
+def test_an_archive_larger_than_any_release_is_refused_unread(tmp_path, monkeypatch):
+    monkeypatch.setattr(package_extraction, "MAX_MEMBERS", 3)
+    monkeypatch.setattr(package_extraction, "MAX_BYTES", 1 << 20)
+    many = tmp_path / "sglang-9.9.9-py3-none-any.whl"
+    with zipfile.ZipFile(many, "w") as bundle:
+        for index in range(4):
+            bundle.writestr(f"sglang/m{index}.py", "")
+    big = tmp_path / "sglang-9.9.9.tar.gz"
+    with tarfile.open(big, "w:gz") as bundle:
+        member = tarfile.TarInfo("sglang-9.9.9/sglang/__init__.py")
+        member.size = 2 << 20  # compresses to almost nothing
+        bundle.addfile(member, io.BytesIO(b"\0" * member.size))
+    for archive in (many, big):
+        with pytest.raises(SourceMismatch, match="more than any SGLang release"):
+            fetch_source({"name": "bomb", "path": str(archive)}, tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+
+def test_git_is_held_to_the_usual_transports(monkeypatch):
+    monkeypatch.setenv("GIT_ALLOW_PROTOCOL", "ext:https")  # a user's lifted limit
+    assert git_environment()["GIT_ALLOW_PROTOCOL"] == "https:http:ssh:git:file"

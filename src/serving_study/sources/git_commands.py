@@ -19,13 +19,16 @@ GIT_FETCH_TIMEOUT_S = 1800
 
 
 def git_environment() -> dict:
-    """The environment for git: never prompt, never pick up a caller's repository."""
+    """The environment for git: never prompt, never pick up a caller's repository,
+    and only the usual transports (no ``ext::`` command, whatever a user's
+    gitconfig allows)."""
     environment = {
         key: value
         for key, value in os.environ.items()
         if key not in ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE")
     }
     environment["GIT_TERMINAL_PROMPT"] = "0"
+    environment["GIT_ALLOW_PROTOCOL"] = "https:http:ssh:git:file"
     return environment
 
 

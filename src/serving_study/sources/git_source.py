@@ -20,7 +20,7 @@ from serving_study.sources.git_commands import (
     run_git,
     try_git,
 )
-from serving_study.sources.package_extraction import PACKAGE
+from serving_study.sources.package_extraction import PACKAGE, refuse_oversized
 from serving_study.sources.source_errors import SourceMismatch
 
 logger = logging.getLogger(__name__)
@@ -90,6 +90,8 @@ def fetch_git_source(record: dict, staging: Path, download_dir: Path | None) -> 
             timeout=GIT_FETCH_TIMEOUT_S,
         )
         with tarfile.open(snapshot) as tar:
+            listed = tar.getmembers()
+            refuse_oversized(snapshot, len(listed), sum(m.size for m in listed))
             try:
                 tar.extractall(staging, filter="data")
             except tarfile.FilterError as refused:

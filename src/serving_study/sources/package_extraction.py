@@ -2,7 +2,8 @@
 
 The package is laid out as SGLang's repository holds it, ``python/sglang/...``. An
 archive is checked whole before anything is written: a member with an absolute path,
-a ``..`` part, or a link to outside the tree refuses the archive.
+a ``..`` part, or a link to outside the tree refuses the archive, and so do more
+members or bytes than any SGLang release holds (a decompression bomb).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from pathlib import Path, PurePosixPath
 from serving_study.sources.source_errors import SourceMismatch
 
 PACKAGE = "sglang"
+# Far above any SGLang wheel or sdist (0.5.23's wheel: ~3,000 files, ~300 MB).
+MAX_MEMBERS = 100_000
+MAX_BYTES = 8 << 30
 
 
 def extract_package_sources(archive: Path, python_dir: Path) -> None:
@@ -75,10 +79,14 @@ def _opened_archive(archive: Path) -> Iterator[tuple[list[str], Callable]]:
                 _refuse_leaving_member(archive, info.filename)
                 if not info.is_dir():
                     names.append(info.filename)
+            infos = bundle.infolist()
+            refuse_oversized(archive, len(infos), sum(i.file_size for i in infos))
             yield names, bundle.read
     elif tarfile.is_tarfile(archive):
         with tarfile.open(archive) as bundle:
-            for member in bundle.getmembers():
+            listed = bundle.getmembers()
+            refuse_oversized(archive, len(listed), sum(m.size for m in listed))
+            for member in listed:
                 _refuse_leaving_member(
                     archive,
                     member.name,
@@ -94,6 +102,15 @@ def _opened_archive(archive: Path) -> Iterator[tuple[list[str], Callable]]:
     else:
         raise SourceMismatch(
             f"{archive} is neither a zip (wheel) nor a tar (sdist) archive."
+        )
+
+
+def refuse_oversized(archive: Path, members: int, size: int) -> None:
+    if members > MAX_MEMBERS or size > MAX_BYTES:
+        raise SourceMismatch(
+            f"{archive.name} holds {members} members and {size} bytes unpacked, more "
+            f"than any SGLang release ({MAX_MEMBERS} members, {MAX_BYTES} bytes); "
+            "nothing was extracted"
         )
 
 
