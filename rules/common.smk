@@ -206,7 +206,7 @@ ANALYSIS_KEYS = (
     "release_series",
     "change_criterion",
 )
-REPORT_KEYS = (*ANALYSIS_KEYS, "experiment", "description", "engine")
+REPORT_KEYS = (*ANALYSIS_KEYS, "experiment", "description", "engine", "runtime")
 
 
 def config_part(keys):
@@ -218,6 +218,8 @@ def report_config():
     part = config_part(REPORT_KEYS)
     if SERVER.engine == "sglang":
         part["sglang"] = {"device": SERVER.device}
+    if SERVER.container is not None:
+        part["container"] = dict(SERVER.container)
     return part
 
 

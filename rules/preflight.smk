@@ -54,3 +54,14 @@ rule arm_preflight:
         workload=lambda wildcards: WORKLOADS[ARMS[wildcards.arm].workload].as_config(),
     script:
         "../scripts/arm_preflight.py"
+
+
+# On demand (snakemake --cores 1 cleanup): what dead runs left, removed now.
+rule cleanup:
+    log:
+        "results/logs/cleanup.log",
+    localrule: True
+    conda:
+        "../envs/workflow.yaml"
+    script:
+        "../scripts/cleanup.py"

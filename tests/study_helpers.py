@@ -24,7 +24,7 @@ from serving_study.measure.thread_cpu import ThreadCpuSnapshot, read_thread_cpu
 from serving_study.servers.cgroup_hierarchy import QuotaUnavailable
 from serving_study.servers.cgroups import CpuQuotaGroup, project_group_directories
 from serving_study.servers.container_commands import container_name
-from serving_study.servers.leftovers import alive, owner_of
+from serving_study.servers.owners import alive, owner_of
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIG = ROOT / "config" / "test" / "config.yaml"
@@ -314,16 +314,22 @@ def gone(owner: int) -> bool:
     return not alive(owner)
 
 
+def owner_pid(name: str) -> int | None:
+    """The pid of the owner a cgroup's or container's name holds (owners.py)."""
+    owner = owner_of(name)
+    return None if owner is None else int(owner.split(".")[0])
+
+
 def study_groups(experiment: str, owned_by=lambda owner: True) -> list[Path]:
-    """The experiment's cgroups whose owner (``leftovers.owned_name``) passes
+    """The experiment's cgroups whose owner's pid (``owners.owned_name``) passes
     ``owned_by``, looked for where the servers code makes them: below this
     process's own cgroup and each CPU hierarchy's root, cgroup v1 or v2."""
     return [
         directory
         for directory in project_group_directories()
         if directory.name.startswith(f"{experiment}-")
-        and owner_of(directory.name) is not None
-        and owned_by(owner_of(directory.name))
+        and owner_pid(directory.name) is not None
+        and owned_by(owner_pid(directory.name))
     ]
 
 
@@ -367,8 +373,8 @@ def study_containers(experiment: str, owned_by=lambda owner: True) -> list[str]:
         name
         for name in listed.stdout.split()
         if name.startswith(container_name(f"{experiment}-"))
-        and owner_of(name) is not None
-        and owned_by(owner_of(name))
+        and owner_pid(name) is not None
+        and owned_by(owner_pid(name))
     ]
 
 
@@ -392,8 +398,8 @@ def serving_container_owner(snakemake: subprocess.Popen, experiment: str) -> int
             titles = [child.cmdline()[:1] for child in children]
         except psutil.Error:
             continue
-        if ["sglang::scheduler"] in titles and int(state[1]) in ours:
-            return int(state[1])
+        if ["sglang::scheduler"] in titles and int(state[1].split(".")[0]) in ours:
+            return int(state[1].split(".")[0])
     return None
 
 

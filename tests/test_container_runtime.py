@@ -38,6 +38,8 @@ from serving_study.launch.engines import (
 )
 from serving_study.launch.plan import EngineCommand
 from serving_study.measure.server_queries import ServerNeverHealthy, wait_until_healthy
+from serving_study.report.settings import ReportSettings
+from serving_study.report.study_setup import container_allowance
 from serving_study.servers.container_commands import (
     QUOTA_INSIDE_SCRIPT,
     gpu_options,
@@ -547,6 +549,7 @@ def container_server(
 @pytest.mark.docker
 def test_each_arm_ran_in_its_variants_container_under_its_quota(docker_study):
     results = docker_study / "results/test-docker"
+    assert "--read-only" in (results / "report.html").read_text()
     for arm, quota in (("original", 0.5), ("patched", 1.0)):
         metrics = json.loads((results / arm / "run1/metrics.json").read_text())
         assert metrics["valid"], metrics["invalid_reasons"]
@@ -927,3 +930,15 @@ def test_a_secret_reaches_the_container_by_name_only(
         "STUDY_PASSED_VALUE",
     ]
     assert not any(secret in item for item in server.runtime_argv)
+
+
+def test_the_report_says_what_a_container_was_allowed():
+    config = {"experiment": "x", "engine": "embedded", "runtime": "docker", "arms": []}
+    settings = ReportSettings.from_config(
+        config | {"container": {"ipc_host": False, "gpus": "auto"}}
+    )
+    allowed = container_allowance(settings)
+    assert allowed.startswith("docker run --network=host --cap-drop ALL")
+    for option in ("--read-only", "--pids-limit 4096", "--tmpfs /tmp:"):
+        assert option in allowed
+    assert "sized for the workload" in allowed

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from study_helpers import needs_cgroups
+from study_helpers import needs_cgroups, snakemake_command
 
 from serving_study.servers.cgroups import (
     CpuQuotaGroup,
@@ -28,14 +28,19 @@ from serving_study.servers.cgroups import (
 )
 from serving_study.servers.leftovers import (
     Reaped,
-    alive,
-    owned_name,
-    owner_of,
     reap_containers,
     reap_groups,
     reap_leftovers,
     reap_segments,
 )
+from serving_study.servers.owners import (
+    alive,
+    owned_name,
+    owner_alive,
+    owner_of,
+    owner_token,
+)
+from serving_study.servers.shared_memory import record_owned
 
 
 def dead_pid() -> int:
@@ -75,13 +80,24 @@ def kill(parent: subprocess.Popen) -> None:
 
 
 def test_the_owner_is_read_back_past_the_suffixes_a_run_adds():
-    name = owned_name("exp-A-run1", owner_pid=4321)
-    assert owner_of(name) == 4321
-    assert owner_of(f"{name}-try2") == 4321
-    assert owner_of(f"{name}-try2-model") == 4321
+    name = owned_name("exp-A-run1", owner="4321.77.4026531836")
+    assert owner_of(name) == "4321.77.4026531836"
+    assert owner_of(f"{name}-try2") == "4321.77.4026531836"
+    assert owner_of(f"{name}-try2-model") == "4321.77.4026531836"
     # An arm or experiment that happens to be called owner<N> comes before it.
-    assert owner_of(owned_name("owner7-owner8-run1", owner_pid=99) + "-try1") == 99
-    assert owned_name("x").endswith(f"-owner{os.getpid()}")
+    assert owner_of(owned_name("owner7-owner8-run1", owner="99") + "-try1") == "99"
+    assert owned_name("x").endswith(f"-owner{owner_token()}")
+
+
+def test_an_owner_is_its_process_not_its_pid_and_only_of_our_namespace():
+    mine = owner_token()
+    pid, start, namespace = mine.split(".")
+    assert owner_alive(mine)
+    # The pid reused by another process: another start time.
+    assert not owner_alive(f"{pid}.{int(start) + 1}.{namespace}")
+    assert not owner_alive(f"{dead_pid()}.{start}.{namespace}")
+    # A pipeline in another pid namespace is not ours to judge: never removed.
+    assert owner_alive(f"{dead_pid()}.{start}.{int(namespace) + 1}")
 
 
 def test_names_without_an_owner_mark_have_no_owner():
@@ -112,23 +128,30 @@ def shm_dir():
     shutil.rmtree(directory)
 
 
-def test_only_segments_nobody_owns_are_unlinked(shm_dir):
+def test_only_what_a_dead_runners_ledger_names_and_nobody_holds_is_unlinked(
+    shm_dir,
+):
     gone = dead_pid()
     names = {
-        "dead creator": f"sgl_shm_mm_{gone}_0a1b2c3d",
-        "live creator": f"sgl_shm_mm_{os.getpid()}_0a1b2c3d",
-        "unheld semaphore": "sem.mp-unheld1",
-        "open semaphore": "sem.mp-open1",
-        "mapped semaphore": "sem.mp-mapped1",
-        "unheld load report": "sglang_loads_default_1234abcd.shm",
+        "its server's segment": f"sgl_shm_mm_{gone}_0a1b2c3d",
+        "another SGLang's segment": f"sgl_shm_mm_{dead_pid()}_0a1b2c3d",
+        "its semaphore": "sem.mp-unheld1",
+        "its semaphore still open": "sem.mp-open1",
+        "its semaphore still mapped": "sem.mp-mapped1",
+        "its load report": "sglang_loads_default_1234abcd.shm",
+        "another program's semaphore": "sem.mp-other1",
+        "a live runner's load report": "sglang_loads_default_live.shm",
         "python's unnamed segment": "psm_0a1b2c3d",
-        "someone else's file": "other-tool.shm",
     }
     for name in names.values():
         (shm_dir / name).write_bytes(b"\0" * 4096)
+    made = {shm_dir / names[what] for what in names if what.startswith("its ")}
+    namespace = owner_token().split(".")[2]
+    record_owned("dead-run", f"{gone}.1.{namespace}", {gone}, made, shm_dir)
+    record_owned("live-run", owner_token(), {os.getpid()}, set(), shm_dir)
     # Held by a live process: open, or only mapped (the descriptor closed).
-    opened = open(shm_dir / names["open semaphore"], "rb")
-    with open(shm_dir / names["mapped semaphore"], "r+b") as file:
+    opened = open(shm_dir / names["its semaphore still open"], "rb")
+    with open(shm_dir / names["its semaphore still mapped"], "r+b") as file:
         mapped = mmap.mmap(file.fileno(), 4096)
     try:
         reaped = Reaped()
@@ -136,17 +159,21 @@ def test_only_segments_nobody_owns_are_unlinked(shm_dir):
     finally:
         opened.close()
         mapped.close()
-    removed = {"dead creator", "unheld semaphore", "unheld load report"}
+    removed = {"its server's segment", "its semaphore", "its load report"}
     assert sorted(reaped.segments) == sorted(names[what] for what in removed)
     left = {path.name for path in shm_dir.iterdir()}
-    assert left == {name for what, name in names.items() if what not in removed}
+    kept = {name for what, name in names.items() if what not in removed}
+    assert left == kept | {"serving-study-owned-live-run.json"}
 
 
 def test_a_dead_creators_segment_still_mapped_by_a_live_process_stays(shm_dir):
     """A scheduler still reading it, or a container's pid that means another
     process here: the mapping is what counts."""
-    name = f"sgl_shm_mm_{dead_pid()}_0a1b2c3d"
+    gone = dead_pid()
+    name = f"sgl_shm_mm_{gone}_0a1b2c3d"
     (shm_dir / name).write_bytes(b"\0" * 4096)
+    namespace = owner_token().split(".")[2]
+    record_owned("dead-run", f"{gone}.1.{namespace}", {gone}, set(), shm_dir)
     with open(shm_dir / name, "r+b") as file:
         mapped = mmap.mmap(file.fileno(), 4096)
     try:
@@ -158,13 +185,33 @@ def test_a_dead_creators_segment_still_mapped_by_a_live_process_stays(shm_dir):
     assert (shm_dir / name).exists()
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="hands a file to another user")
+def test_a_ledger_another_user_wrote_or_a_name_with_a_path_steers_nothing(shm_dir):
+    """/dev/shm is open to every user: a planted ledger must not make root unlink."""
+    gone = dead_pid()
+    namespace = owner_token().split(".")[2]
+    victim = shm_dir / "sem.mp-victim"
+    victim.write_bytes(b"\0")
+    outside = shm_dir / "outside"
+    outside.mkdir()
+    (outside / "kept").write_bytes(b"\0")
+    record_owned("planted", f"{gone}.1.{namespace}", {gone}, {victim}, shm_dir)
+    os.chown(shm_dir / "serving-study-owned-planted.json", 65534, 65534)
+    ours = {"owner": f"{gone}.1.{namespace}", "pids": [], "names": ["../outside/kept"]}
+    (shm_dir / "serving-study-owned-ours.json").write_text(json.dumps(ours))
+    reaped = Reaped()
+    reap_segments(shm_dir, reaped)
+    assert reaped.segments == []
+    assert victim.exists() and (outside / "kept").exists()
+
+
 # --- Cgroups and servers (root) ------------------------------------------------------
 
 
 @needs_cgroups
 def test_a_dead_owners_group_is_emptied_and_removed_a_live_owners_kept():
     dead = CpuQuotaGroup.create(
-        owned_name(f"reap-{uuid.uuid4().hex[:8]}", dead_pid()), None
+        owned_name(f"reap-{uuid.uuid4().hex[:8]}", str(dead_pid())), None
     )
     live = CpuQuotaGroup.create(owned_name(f"reap-{uuid.uuid4().hex[:8]}"), None)
     straggler = subprocess.Popen(wrap_command(dead, ["sleep", "600"]))
@@ -190,8 +237,8 @@ RUNNER = """
 import json, os, sys, time
 from pathlib import Path
 from serving_study.launch.plan import process_plan
-from serving_study.servers.leftovers import owned_name
 from serving_study.servers.local_runtime import LocalServer
+from serving_study.servers.owners import owned_name
 
 server = LocalServer(
     process_plan(["sleep", "600"], 0.5), owned_name("killed-runner"), Path(sys.argv[1])
@@ -237,7 +284,7 @@ esac
 """
 
 
-def fake_runtime(tmp_path: Path, dead: int, live: int) -> tuple[str, Path]:
+def fake_runtime(tmp_path: Path, dead: str, live: str) -> tuple[str, Path]:
     calls = tmp_path / "calls.txt"
     runtime = tmp_path / "fake-docker"
     runtime.write_text(FAKE_RUNTIME.format(calls=calls, dead=dead, live=live))
@@ -246,8 +293,8 @@ def fake_runtime(tmp_path: Path, dead: int, live: int) -> tuple[str, Path]:
 
 
 def test_only_containers_whose_runner_is_gone_are_removed(tmp_path):
-    gone = dead_pid()
-    runtime, calls = fake_runtime(tmp_path, gone, os.getpid())
+    gone = f"{dead_pid()}.1.{owner_token().split('.')[2]}"
+    runtime, calls = fake_runtime(tmp_path, gone, owner_token())
     reaped = Reaped()
     reap_containers(runtime, reaped)
     assert reaped.containers == [f"serving-study-exp-A-run1-owner{gone}-try1"]
@@ -299,3 +346,21 @@ def test_a_watchdog_stopped_by_its_runner_removes_nothing(tmp_path):
     stop(watchdog)
     assert watchdog.returncode == -signal.SIGKILL
     assert not calls.exists()
+
+
+@needs_cgroups
+def test_the_cleanup_target_removes_a_dead_runs_group_on_demand(tmp_path):
+    name = owned_name(f"cleanup-{uuid.uuid4().hex[:8]}", str(dead_pid()))
+    dead = CpuQuotaGroup.create(name, None)
+    try:
+        finished = subprocess.run(
+            snakemake_command(tmp_path, "--cores", "1", "cleanup"),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert finished.returncode == 0, finished.stderr[-3000:]
+        assert "removed: " in finished.stdout
+        assert not any(directory.exists() for directory in dead.directories())
+    finally:
+        dead.remove()

@@ -404,7 +404,7 @@ def test_a_study_in_containers_passes_secrets_by_name_and_writes_them_nowhere(
     assert_delivered_and_nowhere(workdir, metrics)
     run = workdir / "results/secrets-docker/original/run1"
     provenance = json.loads((run / "provenance.json").read_text())
-    argv = provenance["container_argv"]
+    argv = provenance["runtime_argv"]
     assert argv[argv.index("HF_TOKEN") - 1] == "--env"
     assert argv[argv.index(PLAIN_NAME) - 1] == "--env"
     # The container ran unprivileged, from the image id the build wrote.

@@ -15,11 +15,9 @@ def embedded_command(
     server: ServerSettings, arm: Arm, variant: Variant
 ) -> EngineCommand:
     settings = server.embedded
-    forced_threads = (
-        []
-        if arm.intra_op_threads is None
-        else ["--intra-op-threads", str(arm.intra_op_threads)]
-    )
+    forced_threads = []
+    if arm.intra_op_threads is not None:
+        forced_threads = ["--intra-op-threads", str(arm.intra_op_threads)]
     in_container = server.in_container
     argv = [
         EMBEDDED_PYTHON if in_container else sys.executable,

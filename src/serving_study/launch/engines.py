@@ -75,10 +75,7 @@ def launch_plan(
 
 
 def container_options(
-    server: ServerSettings,
-    arm: Arm,
-    command: EngineCommand,
-    workload_manifest: Path,
+    server: ServerSettings, arm: Arm, command: EngineCommand, workload_manifest: Path
 ) -> ContainerOptions:
     """The container of the config's ``container`` section: a private /dev/shm
     sized for the workload (Docker's default 64 MiB would silently push SGLang off
@@ -89,8 +86,7 @@ def container_options(
     shm_size = settings.get("shm_size")
     if not shm_size and not settings["ipc_host"]:
         largest = largest_tensor_bytes(workload_manifest)
-        size = shared_memory_bytes(largest, arm.concurrency)
-        shm_size = f"{size // MIB}m"
+        shm_size = f"{shared_memory_bytes(largest, arm.concurrency) // MIB}m"
     gpus = settings["gpus"]
     if gpus == "auto":
         gpus = f"device={first_visible_gpu()}" if command.wants_gpus else None

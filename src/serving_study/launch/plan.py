@@ -177,42 +177,37 @@ class LaunchPlan:
 
     @classmethod
     def from_record(cls, record: Mapping) -> LaunchPlan:
-        container, expected = record["container"], record["expected"]
         hidden = sorted(k for k, v in record["environment"].items() if v == REDACTED)
         if hidden:
             raise ValueError(
                 f"the plan's environment holds {', '.join(hidden)} redacted: a "
                 "secret reaches the server by name (the arm's secret_environment)"
             )
+        values = {field.name: record[field.name] for field in dataclasses.fields(cls)}
+        container = values["container"]
         if container is not None:
+            mounts = ("read_only_mounts", "writable_mounts")
             container = ContainerOptions(
-                **container
-                | {
-                    "read_only_mounts": _pairs(container["read_only_mounts"]),
-                    "writable_mounts": _pairs(container["writable_mounts"]),
-                }
+                **container | {m: _pairs(container[m]) for m in mounts}
             )
         return cls(
-            engine=record["engine"],
-            argv=tuple(record["argv"]),
-            port=record["port"],
-            environment=dict(record["environment"]),
-            secret_environment=tuple(record["secret_environment"]),
-            host_environment=tuple(record["host_environment"]),
-            working_directory=record["working_directory"],
-            quota=Quota(**record["quota"]),
-            stop_signal=record["stop_signal"],
-            stop_leader_only=record["stop_leader_only"],
-            served_model_name=record["served_model_name"],
-            expected=Expected(
-                transport=expected["transport"],
-                mm_utils_sha256=expected["mm_utils_sha256"],
-                patched_modules=tuple(expected["patched_modules"]),
-                checked_environment=tuple(expected["checked_environment"]),
-                reported_in=expected["reported_in"],
-            ),
-            container=container,
+            **values
+            | {name: tuple(values[name]) for name in _TUPLES}
+            | {
+                "quota": Quota(**values["quota"]),
+                "expected": Expected(
+                    **{k: _frozen(v) for k, v in values["expected"].items()}
+                ),
+                "container": container,
+            }
         )
+
+
+_TUPLES = ("argv", "secret_environment", "host_environment")
+
+
+def _frozen(value):
+    return tuple(value) if isinstance(value, list) else value
 
 
 def _pairs(items) -> tuple[tuple[str, str], ...]:

@@ -125,14 +125,12 @@ def sglang_server_arguments(
             arguments += [flag, str(sglang_settings[key])]
     arguments += ["--served-model-name", served_model_name(sglang_settings)]
     extra = list(sglang_settings.get("extra_server_args", []))
-    arm_arguments = list(arm.server_args)
+    arm_args = list(arm.server_args)
     conflicts = server_argument_conflicts(extra, "sglang.extra_server_args")
-    conflicts += server_argument_conflicts(
-        arm_arguments, f"arms[{arm.name}].server_args"
-    )
+    conflicts += server_argument_conflicts(arm_args, f"arms[{arm.name}].server_args")
     if conflicts:
         raise ServerArgumentConflict("; ".join(conflicts))
-    return arguments + extra + arm_arguments
+    return arguments + extra + arm_args
 
 
 def model_flags(load_format: str | None, dtype: str | None) -> tuple[str, ...]:
@@ -170,13 +168,8 @@ def sglang_command(server: ServerSettings, arm: Arm, variant: Variant) -> Engine
         python = server.runtime_python
     else:
         python = sys.executable
-    arguments = sglang_server_arguments(
-        arm,
-        settings,
-        model_path,
-        platform,
-        model_flags(server.model_load_format, server.model_dtype),
-    )
+    flags = model_flags(server.model_load_format, server.model_dtype)
+    arguments = sglang_server_arguments(arm, settings, model_path, platform, flags)
     cache_directory, cache_seen_as = compile_cache(platform, in_container)
     if in_container:
         # One cache per image: a variant's kernels never reach another's server.

@@ -46,8 +46,9 @@ from serving_study.measure.server_queries import read_server_info
 from serving_study.measure.server_start import start_healthy_server
 from serving_study.servers.container_runtime import ContainerServer
 from serving_study.servers.environment import recorded_environment
-from serving_study.servers.leftovers import owned_name, reap_leftovers
+from serving_study.servers.leftovers import reap_leftovers
 from serving_study.servers.local_runtime import LocalServer
+from serving_study.servers.owners import owned_name
 
 log = logging.getLogger(__name__)
 

@@ -31,6 +31,8 @@ class ReportSettings:
     change_criterion: ChangeCriterion
     engine: str
     sglang_device: str | None
+    runtime: str = "local"
+    container: Mapping | None = None
 
     @classmethod
     def from_config(cls, config: Mapping) -> Self:
@@ -49,6 +51,8 @@ class ReportSettings:
             change_criterion=ChangeCriterion.from_config(values["change_criterion"]),
             engine=engine,
             sglang_device=device,
+            runtime=str(config.get("runtime", "local")),
+            container=config.get("container"),
         )
 
     @property

@@ -11,6 +11,7 @@ from serving_study.config.platform import CPU_HOST_DIFFERENCES
 from serving_study.report.formatting import describe
 from serving_study.report.markup import Table, render
 from serving_study.report.settings import ReportSettings
+from serving_study.servers.container_commands import CONFINED, LEAST_PRIVILEGE
 
 
 def setup_tables(
@@ -21,6 +22,8 @@ def setup_tables(
     host_rows = host_summary_rows(host) + [["runs measured", run_dates(runs)]]
     if settings.reference_source:
         host_rows.append(["study numbers from", describe(settings.reference_source)])
+    if settings.container is not None:
+        host_rows.append(["each server's container", container_allowance(settings)])
     arm_rows = []
     for arm in settings.arms:
         arm_runs = runs[runs["arm"] == arm.name]
@@ -40,6 +43,19 @@ def setup_tables(
             }
         )
     return [Table(["setting", "value"], host_rows), Table.of_rows(arm_rows)]
+
+
+def container_allowance(settings: ReportSettings) -> str:
+    """What a server's container was allowed (its launch plan holds the rest)."""
+    container = settings.container
+    shm = container.get("shm_size") or "sized for the workload's load"
+    if container.get("ipc_host"):
+        shm = "the host's (--ipc=host)"
+    options = " ".join((*LEAST_PRIVILEGE, *CONFINED))
+    return (
+        f"{settings.runtime} run --network=host {options}, the arm's quota as "
+        f"--cpus; /dev/shm {shm}; GPUs {container.get('gpus')}"
+    )
 
 
 def variants_table(variants: list[dict]) -> Table:

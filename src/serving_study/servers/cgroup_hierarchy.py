@@ -83,11 +83,8 @@ def read_membership(proc_cgroup: str) -> dict[str, str]:
         if len(parts) != 3:
             continue
         _, controllers, path = parts
-        if controllers == "":
-            membership[""] = path
-        for controller in controllers.split(","):
-            if controller:
-                membership[controller] = path
+        for controller in controllers.split(","):  # v2's empty list gives ""
+            membership[controller] = path
     return membership
 
 
@@ -111,10 +108,8 @@ def layout_for(pid: int | str) -> Layout:
         ) from error
 
     def v1_mount(controller: str) -> Mount | None:
-        for mount in mounts:
-            if mount.version == 1 and controller in mount.controllers:
-                return mount
-        return None
+        found = (m for m in mounts if m.version == 1 and controller in m.controllers)
+        return next(found, None)
 
     cpu_mount, cpuacct_mount = v1_mount("cpu"), v1_mount("cpuacct")
     if cpu_mount and cpuacct_mount and "cpu" in membership:

@@ -11,6 +11,7 @@ find and remove the groups that dead runs left behind.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -33,6 +34,8 @@ PARENT_GROUP_NAME = "serving-study"
 # cgroup (and so outside the limits of a SLURM job or a systemd slice around it).
 AT_ROOT_VARIABLE = "SERVING_STUDY_CGROUPS_AT_ROOT"
 RUNNER_LEAF = "serving-study-runner"
+# What a base answers when no group can be made below it: try the next base.
+BASE_REFUSALS = (errno.EBUSY, errno.ENOENT, errno.ENOTSUP, errno.EOPNOTSUPP)
 
 
 class CpuQuotaGroup(CpuGroup):
@@ -113,10 +116,8 @@ class CpuQuotaGroup(CpuGroup):
             _write(kill_file, "1")
         while members := self.pids():
             for pid in members:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"Processes {members} are still in cgroup {self.cpu_directory} "
@@ -223,12 +224,7 @@ def _create_v2(own_directory: Path, name: str) -> Layout:
             directory = _make_group_directory(parent, name)
             return Layout(2, directory, directory)
         except OSError as error:
-            if error.errno not in (
-                errno.EBUSY,
-                errno.ENOENT,
-                errno.ENOTSUP,
-                errno.EOPNOTSUPP,
-            ):
+            if error.errno not in BASE_REFUSALS:
                 raise
             last_error = error
     assert last_error is not None
@@ -249,10 +245,8 @@ def _empty_into_leaf(directory: Path) -> None:
     leaf = directory / RUNNER_LEAF
     leaf.mkdir(exist_ok=True)
     for pid in sorted(read_pids(directory / "cgroup.procs")):
-        try:
+        with contextlib.suppress(ProcessLookupError):
             _write(leaf / "cgroup.procs", str(pid))
-        except ProcessLookupError:
-            pass
 
 
 def _v2_bases(own_directory: Path) -> list[Path]:
@@ -291,10 +285,8 @@ def _discard_partial_group(own: Layout, name: str) -> None:
     if own.version == 2:
         bases.add(_v2_root_of(own.cpu_directory))
     for base in bases:
-        try:
+        with contextlib.suppress(OSError):
             (base / PARENT_GROUP_NAME / name).rmdir()
-        except OSError:
-            pass
 
 
 def _remove_directory(directory: Path, deadline: float) -> None:

@@ -6,16 +6,14 @@ run's port and the client stays outside), with the plan's quota as ``--cpus`` wh
 it is in force from the start, its environment and nothing else of the host's
 (secrets by name), its /dev/shm or the host's IPC namespace, its GPUs and mounts.
 Labels name the run and the runner that owns the container.
-``QUOTA_INSIDE_SCRIPT`` reads the quota as the container's processes see it, and
-``parse_quota`` reads its output.
 """
 
 from __future__ import annotations
 
-import os
 import re
 
 from serving_study.launch.plan import LaunchPlan
+from serving_study.servers.owners import owner_token
 
 RUNTIMES = ("docker", "podman")
 # Least privilege: neither engine needs a capability (servers run as the image's
@@ -34,7 +32,7 @@ CONFINED = (
     "4096",
 )
 RUN_LABEL = "serving-study.run"
-# The pid of the runner that started the container: once it is gone, the
+# The runner that started the container (owners.py): once it is gone, the
 # container is a leftover (leftovers.py removes it).
 OWNER_LABEL = "serving-study.owner"
 # Reads the quota as the processes inside see it (cgroup v2, else v1).
@@ -75,17 +73,9 @@ def run_command(plan: LaunchPlan, name: str, label: str) -> list[str]:
     runtime = container.runtime
     if runtime not in RUNTIMES:
         raise ValueError(f"runtime {runtime!r} is not one of {RUNTIMES}")
-    argv = [
-        runtime,
-        "run",
-        "--detach",
-        "--name",
-        name,
-        "--label",
-        f"{RUN_LABEL}={label}",
-        "--label",
-        f"{OWNER_LABEL}={os.getpid()}",
-    ]
+    argv = [runtime, "run", "--detach", "--name", name]
+    argv += ["--label", f"{RUN_LABEL}={label}"]
+    argv += ["--label", f"{OWNER_LABEL}={owner_token()}"]
     log_driver = "json-file" if runtime == "docker" else "k8s-file"
     argv += ["--network=host", f"--log-driver={log_driver}", *LEAST_PRIVILEGE]
     argv += CONFINED

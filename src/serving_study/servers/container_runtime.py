@@ -14,6 +14,7 @@ its processes left are listed and removed, and the container is removed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -35,9 +36,13 @@ from serving_study.servers.container_commands import (
 )
 from serving_study.servers.cpu_group import CpuGroup, group_of_pid
 from serving_study.servers.local_runtime import log_tail
+from serving_study.servers.owners import owner_of
 from serving_study.servers.shared_memory import (
     SGLANG_SEGMENT_PREFIX,
+    SHARED_MEMORY,
+    forget_owned,
     namespace_pid,
+    record_owned,
     remove_unheld,
     segment_creator,
     shutdown_leftovers,
@@ -46,11 +51,7 @@ from serving_study.sources.images import normal_image_id
 
 log = logging.getLogger(__name__)
 
-HOST_SHARED_MEMORY = Path("/dev/shm")
 COMMAND_TIMEOUT_S = 300
-
-
-# --- The server ------------------------------------------------------------------
 
 
 class _ContainerProcess:
@@ -105,20 +106,15 @@ class ContainerServer:
             timeout=timeout,
         )
 
+    def _inspect(self, template: str) -> str:
+        """``inspect --format template`` of the container ("" once it is gone)."""
+        finished = self._runtime("inspect", "--format", template, self.container_id)
+        return finished.stdout if finished.returncode == 0 else ""
+
     def _state(self) -> dict | None:
         """The container's ``State`` record, None once it is gone."""
-        finished = self._runtime(
-            "inspect", "--format", "{{json .State}}", self.container_id
-        )
-        if finished.returncode != 0:
-            return None
-        return json.loads(finished.stdout)
-
-    def _image_run(self) -> str | None:
-        finished = self._runtime("inspect", "--format", "{{.Image}}", self.container_id)
-        if finished.returncode != 0:
-            return None
-        return normal_image_id(finished.stdout)
+        state = self._inspect("{{json .State}}")
+        return json.loads(state) if state else None
 
     # -- the interface of LocalServer
 
@@ -157,7 +153,7 @@ class ContainerServer:
                 stdout=server_log,
                 stderr=subprocess.STDOUT,
             )
-        self.image_run = self._image_run()
+        self.image_run = normal_image_id(self._inspect("{{.Image}}"))
         state = self._state() or {}
         if state.get("Pid"):
             self._init_pid = state["Pid"]
@@ -216,17 +212,19 @@ class ContainerServer:
         """Note every pid of the container (host and namespace pids), for the sweep."""
         if self._init_pid is None:
             return
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             root = psutil.Process(self._init_pid)
             self.known_pids.update(child.pid for child in root.children(recursive=True))
-        except psutil.NoSuchProcess:
-            pass
         if self.group is not None:
             self.known_pids.update(self.group.pids())
         for pid in self.known_pids:
             inner = namespace_pid(pid)
             if inner is not None:
                 self.namespace_pids.add(inner)
+        if self.ipc_host:  # a private /dev/shm goes with the container
+            made = shutdown_leftovers() - self.shutdown_files_before
+            owner = owner_of(self.group_name)
+            record_owned(self.group_name, owner, self.namespace_pids, made)
 
     def exit_code(self) -> int | None:
         """None while the container runs; its exit code once it stopped."""
@@ -265,6 +263,7 @@ class ContainerServer:
                 if self.ipc_host:
                     # The host's /dev/shm keeps what SGLang's stop leaves by design.
                     remove_unheld(shutdown_leftovers() - self.shutdown_files_before)
+                    forget_owned(self.group_name)
 
     # -- teardown steps
 
@@ -276,7 +275,7 @@ class ContainerServer:
         IPC namespace the container's /dev/shm is the host's.
         """
         if self.ipc_host:
-            return os.open(HOST_SHARED_MEMORY, os.O_RDONLY | os.O_DIRECTORY)
+            return os.open(SHARED_MEMORY, os.O_RDONLY | os.O_DIRECTORY)
         if self._init_pid is None:
             return None
         try:
@@ -321,10 +320,8 @@ class ContainerServer:
             if self.ipc_host and segment_creator(name) not in self.namespace_pids:
                 continue
             self.leaked_segments.append(name)
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=shared_memory)
-            except FileNotFoundError:
-                pass
         if self.leaked_segments:
             log.warning(
                 "removed %d shared-memory segments the server left behind",
@@ -337,9 +334,8 @@ class ContainerServer:
         # By name when the start was interrupted before the id came back.
         container = self.container_id or self.name
         finished = self._runtime("rm", "--force", "--volumes", container)
-        if finished.returncode != 0 and "no such container" not in (
-            finished.stderr.lower()
-        ):
+        gone = "no such container" in finished.stderr.lower()
+        if finished.returncode != 0 and not gone:
             log.warning("%s rm failed: %s", self.runtime, finished.stderr.strip())
         if self._watchdog is not None:
             container_watchdog.stop(self._watchdog)

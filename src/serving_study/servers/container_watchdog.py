@@ -27,13 +27,7 @@ def watch(runtime: str, container: str) -> subprocess.Popen:
     Its own session keeps a Ctrl-C to the runner's process group away from it.
     """
     return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "serving_study.servers.container_watchdog",
-            runtime,
-            container,
-        ],
+        [sys.executable, "-m", __name__, runtime, container],
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
@@ -57,14 +51,13 @@ def main(arguments: list[str]) -> int:
     # SIGTERM is blocked since before exec, so one sent meanwhile waits here.
     signal.sigwait({signal.SIGTERM})
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
-    finished = subprocess.run(
+    return subprocess.run(
         [runtime, "rm", "--force", "--volumes", "--", container],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
         timeout=REMOVE_TIMEOUT_S,
-    )
-    return finished.returncode
+    ).returncode
 
 
 if __name__ == "__main__":

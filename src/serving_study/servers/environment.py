@@ -40,13 +40,12 @@ RECORDED_PREFIXES = ("SGLANG_", "TORCH", "HF_", "SERVING_STUDY_")
 def server_environment(
     host_environment: Mapping[str, str], arm_environment: Mapping[str, str]
 ) -> dict[str, str]:
-    environment = {
+    kept = {
         name: value
         for name, value in host_environment.items()
         if name not in THREAD_SETTINGS
     }
-    environment.update(arm_environment)
-    return environment
+    return kept | dict(arm_environment)
 
 
 def recorded_environment(

@@ -7,6 +7,7 @@ with each arm's environment, because PyTorch sizes its pool from the CPUs it can
 see, never from the CPU quota (the trap the study fell into).
 """
 
+import contextlib
 import json
 import os
 import platform
@@ -24,27 +25,19 @@ from serving_study.engine.preprocess import feature_bytes
 from serving_study.servers.environment import server_environment
 
 
-class HostCannotRunExperiment(RuntimeError):
-    """The experiment needs something this host lacks; the message says what."""
-
-
 def cpu_model() -> str:
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
     return platform.processor() or "unknown"
 
 
 def memory_gib() -> float | None:
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemTotal:"):
                 return round(int(line.split()[1]) / 1024**2, 1)
-    except OSError:
-        pass
     return None
 
 
@@ -71,16 +64,7 @@ def shared_memory_free_mib() -> float | None:
 
 def package_versions() -> dict:
     versions = {"python": platform.python_version()}
-    for package in (
-        "snakemake",
-        "torch",
-        "numpy",
-        "pillow",
-        "aiohttp",
-        "psutil",
-        "pandas",
-        "altair",
-    ):
+    for package in "snakemake torch numpy pillow aiohttp psutil pandas altair".split():
         try:
             versions[package] = metadata.version(package)
         except metadata.PackageNotFoundError:
@@ -225,7 +209,7 @@ def describe_host(engine: dict) -> dict:
 def quota_problem() -> str | None:
     """Why no CPU-quota cgroup can be made here, or None when one can."""
     from serving_study.servers.cgroups import CpuQuotaGroup, QuotaUnavailable
-    from serving_study.servers.leftovers import owned_name
+    from serving_study.servers.owners import owned_name
 
     try:
         probe = CpuQuotaGroup.create(owned_name("preflight"), 0.5)
@@ -248,15 +232,13 @@ C_COMPILERS = ("gcc", "cc", "clang")
 
 
 def unmet_needs(
-    host: dict,
-    engine: dict,
-    arms: list[Arm],
-    workloads: list[Workload] | None = None,
+    host: dict, engine: dict, arms: list[Arm], workloads: list[Workload] | None = None
 ) -> list[str]:
     """What the experiment needs that this host lacks, one sentence each."""
     needs = describe_missing(missing_secrets(arms, os.environ))
+    local = engine["runtime"] == "local"
     free_mib = host.get("shared_memory_free_mib")
-    if workloads and engine["runtime"] == "local" and free_mib is not None:
+    if workloads and local and free_mib is not None:
         needed_mib = shared_memory_needed_mib(arms, workloads)
         if free_mib < needed_mib:
             needs.append(
@@ -265,30 +247,24 @@ def unmet_needs(
                 "flight); a full /dev/shm makes the server send images inline and "
                 "skip the copy under study: free or enlarge /dev/shm"
             )
-    if engine["runtime"] == "local" and any(arm.cpu_quota for arm in arms):
+    if local and any(arm.cpu_quota for arm in arms):
         problem = quota_problem()
         if problem:
             needs.append(f"arms with a cpu_quota need a CPU-quota cgroup: {problem}")
-    device = engine.get("sglang_device")
-    if engine["engine"] == "sglang" and device == "cuda" and not host["gpu"]["gpus"]:
+    device = engine.get("sglang_device") if engine["engine"] == "sglang" else None
+    if device == "cuda" and not host["gpu"]["gpus"]:
         needs.append(
             "engine 'sglang' with sglang.device cuda runs the real model on an NVIDIA "
             f"GPU, but this host has none ({host['gpu']['reason']}); set "
             "sglang.device: cpu (a tiny model on the CPU, config/sglang-cpu.yaml) or "
             "use a GPU host"
         )
-    if (
-        engine["engine"] == "sglang"
-        and device == "cpu"
-        and engine["runtime"] == "local"
-        and not any(shutil.which(compiler) for compiler in C_COMPILERS)
-    ):
+    if device == "cpu" and local and not any(map(shutil.which, C_COMPILERS)):
         needs.append(
             "SGLang on CPU compiles its rotary-embedding kernel with torch inductor "
             "on the first request, which needs a C compiler, and this host has none "
-            "(looked for "
-            + ", ".join(C_COMPILERS)
-            + "); install one, e.g. `apt-get install gcc` on Debian"
+            f"(looked for {', '.join(C_COMPILERS)}); install one, e.g. `apt-get "
+            "install gcc` on Debian"
         )
     if engine["runtime"] in ("docker", "podman"):
         runtime = host["container_runtimes"][engine["runtime"]]

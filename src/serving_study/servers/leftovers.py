@@ -11,16 +11,13 @@ holding the host's measurement lock.
 
 What belongs to whom, and what is never touched:
 
-* a container carries its runner's pid as the label ``serving-study.owner``,
-  and a cgroup has it in its name (``owned_name``); both are removed only when
-  that process is gone;
-* a segment named with its creator's pid goes only when that process is gone
-  and no live process has it open or mapped; a segment without a pid in its
-  name only when no live process has it open or mapped (all processes must be
-  readable for that, so only root removes those);
-* Python's unnamed ``psm_*`` segments (SGLang 0.5.9's) are left alone: any
-  program makes them, and one in flight between two live processes is held by
-  neither.
+* a container carries its runner as the label ``serving-study.owner``, and a
+  cgroup has it in its name (``owners.py``); both are removed only when that
+  process is gone (not a reused pid, and never one of another pid namespace);
+* /dev/shm files go only when a dead runner's server ledger names them (its
+  load reports and semaphores, and SGLang's segments its processes made) and no
+  live process has them open or mapped: another program's are never touched;
+* Python's unnamed ``psm_*`` segments (SGLang 0.5.9's) are left alone.
 
 A dead tree frees its GPU memory with its processes; there is nothing to do
 for the GPU.
@@ -30,30 +27,27 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-
-import psutil
 
 from serving_study.servers.cgroups import (
     project_group_directories,
     remove_group_directory,
 )
 from serving_study.servers.container_commands import OWNER_LABEL
+from serving_study.servers.owners import owner_alive, owner_of
 from serving_study.servers.shared_memory import (
     SHARED_MEMORY,
     file_key,
     files_held_open,
+    ledgers,
     segment_creator,
 )
 
 log = logging.getLogger(__name__)
 
 PID_STAMPED_PREFIXES = ("sgl_shm_",)
-UNSTAMPED_PREFIXES = ("sglang_loads_", "sem.mp-")
-OWNER_MARK = re.compile(r"owner(\d+)")
 RUNTIME_COMMAND_TIMEOUT_S = 120
 
 
@@ -81,29 +75,6 @@ class Reaped:
         )
 
 
-def owned_name(name: str, owner_pid: int | None = None) -> str:
-    """``name`` marked with the pid of the process that owns what it names
-    (this process by default): once that process is gone, it is a leftover."""
-    return f"{name}-owner{os.getpid() if owner_pid is None else owner_pid}"
-
-
-def owner_of(name: str) -> int | None:
-    """The owner's pid in a name made by ``owned_name`` (suffixes may follow)."""
-    for part in reversed(name.split("-")):
-        match = OWNER_MARK.fullmatch(part)
-        if match:
-            return int(match.group(1))
-    return None
-
-
-def alive(pid: int) -> bool:
-    """The process exists and has not exited (a zombie is gone)."""
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
-
-
 def reap_leftovers(
     container_runtimes: tuple[str, ...] = (), shared_memory: Path = SHARED_MEMORY
 ) -> Reaped:
@@ -125,7 +96,7 @@ def reap_containers(runtime: str, reaped: Reaped) -> None:
     """Remove this workflow's containers whose runner is gone (stopped or not)."""
     try:
         for identifier, owner, name in _owned_containers(runtime):
-            if alive(owner):
+            if owner_alive(owner):
                 continue
             removed = _runtime(runtime, "rm", "--force", "--volumes", "--", identifier)
             if removed.returncode == 0:
@@ -136,8 +107,8 @@ def reap_containers(runtime: str, reaped: Reaped) -> None:
         reaped.problems.append(f"{runtime}: {error}")
 
 
-def _owned_containers(runtime: str) -> list[tuple[str, int, str]]:
-    """(id, owner pid, name) of every container with an owner label."""
+def _owned_containers(runtime: str) -> list[tuple[str, str, str]]:
+    """(id, owner, name) of every container with an owner label."""
     listed = _runtime(
         runtime, "ps", "--all", "--quiet", "--filter", f"label={OWNER_LABEL}"
     )
@@ -151,8 +122,8 @@ def _owned_containers(runtime: str) -> list[tuple[str, int, str]]:
     owned = []
     for line in inspected.stdout.splitlines():
         parts = line.split()
-        if len(parts) == 3 and parts[1].isdigit():
-            owned.append((parts[0], int(parts[1]), parts[2].lstrip("/")))
+        if len(parts) == 3 and parts[1].replace(".", "").isdigit():
+            owned.append((parts[0], parts[1], parts[2].lstrip("/")))
     return owned
 
 
@@ -160,7 +131,7 @@ def reap_groups(reaped: Reaped) -> None:
     """Kill what is left in the cgroups of dead owners and remove the groups."""
     for directory in project_group_directories():
         owner = owner_of(directory.name)
-        if owner is None or alive(owner):
+        if owner is None or owner_alive(owner):
             continue
         try:
             reaped.processes += remove_group_directory(directory)
@@ -170,35 +141,39 @@ def reap_groups(reaped: Reaped) -> None:
 
 
 def reap_segments(shared_memory: Path, reaped: Reaped) -> None:
-    """Unlink segments no live process owns (see the module's docstring)."""
-    candidates = []
-    for name in sorted(os.listdir(shared_memory)):
-        if name.startswith(PID_STAMPED_PREFIXES):
-            creator = segment_creator(name)
-            if creator is not None and not alive(creator):
-                candidates.append(name)
-        elif name.startswith(UNSTAMPED_PREFIXES):
-            candidates.append(name)
-    if not candidates:
+    """Unlink what dead runners' servers' ledgers name, when nobody holds it."""
+    dead = [
+        (p, ledger)
+        for p, ledger in ledgers(shared_memory)
+        if not owner_alive(ledger["owner"])
+    ]
+    if not dead:
         return
-    held, complete = files_held_open(shared_memory)
-    for name in candidates:
+    names = os.listdir(shared_memory)
+    candidates = set()
+    for _, ledger in dead:
+        candidates.update(ledger["names"])
+        pids = set(ledger["pids"])
+        candidates.update(
+            name
+            for name in names
+            if name.startswith(PID_STAMPED_PREFIXES) and segment_creator(name) in pids
+        )
+    held, _ = files_held_open(shared_memory)
+    for name in sorted(candidates):
         path = shared_memory / name
         try:
             status = path.stat()
-        except FileNotFoundError:
-            continue
-        if file_key(status.st_dev, status.st_ino) in held:
-            continue
-        if not complete and name.startswith(UNSTAMPED_PREFIXES):
-            continue  # some process could not be read: it might hold this one
-        try:
+            if file_key(status.st_dev, status.st_ino) in held:
+                continue
             path.unlink()
             reaped.segments.append(name)
         except FileNotFoundError:
             continue
         except OSError as error:
             reaped.problems.append(f"{path}: {error}")
+    for path, _ in dead:
+        path.unlink(missing_ok=True)
 
 
 def _runtime(runtime: str, *arguments: str) -> subprocess.CompletedProcess:

@@ -16,6 +16,7 @@ models a host whose model runs elsewhere (on a GPU), where the main process's ow
 CPU is what the quota starves.
 """
 
+import contextlib
 import logging
 import os
 import signal
@@ -28,11 +29,15 @@ import psutil
 
 from serving_study.launch.plan import LaunchPlan
 from serving_study.servers.cgroups import CpuQuotaGroup, wrap_command
+from serving_study.servers.owners import owner_of
 from serving_study.servers.parent_death import killed_with_parent
 from serving_study.servers.shared_memory import (
     SGLANG_SEGMENT_PREFIX,
     SHARED_MEMORY,
+    forget_owned,
+    record_owned,
     remove_unheld,
+    segment_creator,
     shutdown_leftovers,
 )
 
@@ -61,24 +66,18 @@ def model_processes(pids: list[int]) -> list[int]:
     """Of ``pids``, the processes titled ``sglang::...`` and all their children."""
     found: set[int] = set()
     for pid in pids:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             process = psutil.Process(pid)
             if process.name().startswith(MODEL_PROCESS_TITLE_PREFIX):
                 found.add(pid)
                 found.update(child.pid for child in process.children(recursive=True))
-        except psutil.NoSuchProcess:
-            continue
     return sorted(found)
 
 
 def segments_created_by(pids: set[int]) -> list[Path]:
     """SGLang shared-memory segments whose creator pid is one of ``pids``."""
-    found = []
-    for path in SHARED_MEMORY.glob(f"{SGLANG_SEGMENT_PREFIX}*"):
-        parts = path.name.split("_")
-        if len(parts) >= 5 and parts[-2].isdigit() and int(parts[-2]) in pids:
-            found.append(path)
-    return found
+    segments = SHARED_MEMORY.glob(f"{SGLANG_SEGMENT_PREFIX}*")
+    return [path for path in segments if segment_creator(path.name) in pids]
 
 
 class LocalServer:
@@ -119,6 +118,7 @@ class LocalServer:
                 preexec_fn=killed_with_parent,
             )
         self.known_pids.add(self.process.pid)
+        self.remember_tree()
         log.info(
             "server pid %d started in cgroup %s (quota %s cores)",
             self.process.pid,
@@ -158,14 +158,14 @@ class LocalServer:
 
     def remember_tree(self) -> None:
         """Note every pid of the tree, so their segments can be found after death."""
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             root = psutil.Process(self.process.pid)
             self.known_pids.update(child.pid for child in root.children(recursive=True))
-        except psutil.NoSuchProcess:
-            pass
         for group in (self.group, self.model_group):
             if group is not None:
                 self.known_pids.update(group.pids())
+        made = shutdown_leftovers() - self.shutdown_files_before
+        record_owned(self.group_name, owner_of(self.group_name), self.known_pids, made)
 
     def exit_code(self) -> int | None:
         return None if self.process is None else self.process.poll()
@@ -191,6 +191,7 @@ class LocalServer:
                         group.remove()
             finally:
                 self._unlink_leaked_segments()
+                forget_owned(self.group_name)
 
     def _lift_quota(self) -> None:
         try:
@@ -201,21 +202,17 @@ class LocalServer:
     def _terminate_process_group(self, grace_s: float) -> None:
         if self.process.poll() is None:
             stop_signal = signal.Signals[self.plan.stop_signal]
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 if self.plan.stop_leader_only:
                     self.process.send_signal(stop_signal)
                 else:
                     os.killpg(self.process.pid, stop_signal)
-            except ProcessLookupError:
-                pass
             try:
                 self.process.wait(timeout=grace_s)
             except subprocess.TimeoutExpired:
                 log.warning("server did not stop in %.0f s; killing it", grace_s)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self.process.wait()
         # The scheduler notices its parent's death within a poll interval; give the
         # group a moment before the cgroup removal kills what is left.

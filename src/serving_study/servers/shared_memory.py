@@ -9,10 +9,16 @@ appeared while it ran and that no live process holds (another program on the hos
 may have made one meanwhile, and still use it). SGLang's own segments name the
 pid that made them, as its pid namespace sees it (``segment_creator``,
 ``namespace_pid``), so a container's can be told from others in a shared /dev/shm.
+
+While a server runs, its ledger (``record_owned``) names its owner, its processes and
+the files of those kinds it made: should its runner be killed, the reaper removes
+what the ledger names and nothing that another program on the host made.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from pathlib import Path
 
@@ -20,6 +26,7 @@ SHARED_MEMORY = Path("/dev/shm")
 SHUTDOWN_LEFTOVERS = ("sglang_loads_*.shm", "sem.mp-*")
 # SGLang 0.5.23 names segments sgl_shm_<kind>_<creator pid>_<8 hex>.
 SGLANG_SEGMENT_PREFIX = "sgl_shm_"
+LEDGER_PREFIX = "serving-study-owned-"
 
 
 def shutdown_leftovers(shared_memory: Path = SHARED_MEMORY) -> set[Path]:
@@ -27,6 +34,45 @@ def shutdown_leftovers(shared_memory: Path = SHARED_MEMORY) -> set[Path]:
     return {
         path for pattern in SHUTDOWN_LEFTOVERS for path in shared_memory.glob(pattern)
     }
+
+
+def record_owned(
+    server: str,
+    owner: str | None,
+    pids: set[int],
+    made: set[Path],
+    shared_memory: Path = SHARED_MEMORY,
+) -> None:
+    """Write (or rewrite) the ledger of the running server ``server``."""
+    if owner is not None:
+        ledger = {
+            "owner": owner,
+            "pids": sorted(pids),
+            "names": sorted(p.name for p in made),
+        }
+        (shared_memory / f"{LEDGER_PREFIX}{server}.json").write_text(json.dumps(ledger))
+
+
+def forget_owned(server: str, shared_memory: Path = SHARED_MEMORY) -> None:
+    (shared_memory / f"{LEDGER_PREFIX}{server}.json").unlink(missing_ok=True)
+
+
+def ledgers(shared_memory: Path = SHARED_MEMORY) -> list[tuple[Path, dict]]:
+    """Every ledger this user wrote, (its path, what it names). Another user's is
+    ignored: /dev/shm is open to all, and a planted ledger must not steer removals."""
+    found = []
+    for path in sorted(shared_memory.glob(f"{LEDGER_PREFIX}*.json")):
+        try:
+            if path.lstat().st_uid != os.geteuid() or not path.is_file():
+                continue
+            ledger = json.loads(path.read_text())
+            names = [
+                n for n in ledger["names"] if "/" not in n and n not in ("", ".", "..")
+            ]
+            found.append((path, ledger | {"names": names}))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
 
 
 def remove_unheld(paths: set[Path], shared_memory: Path = SHARED_MEMORY) -> list[str]:
@@ -41,9 +87,8 @@ def remove_unheld(paths: set[Path], shared_memory: Path = SHARED_MEMORY) -> list
     for path in sorted(paths):
         try:
             status = path.stat()
-            if status.st_uid != os.geteuid():
-                continue
-            if file_key(status.st_dev, status.st_ino) in held:
+            mine = status.st_uid == os.geteuid()
+            if not mine or file_key(status.st_dev, status.st_ino) in held:
                 continue
             path.unlink()
         except FileNotFoundError:
@@ -90,12 +135,10 @@ def _open_files(pid: str, prefix: str) -> set[tuple[int, int, int]]:
     descriptors = f"/proc/{pid}/fd"
     for descriptor in os.listdir(descriptors):
         link = f"{descriptors}/{descriptor}"
-        try:
+        with contextlib.suppress(FileNotFoundError):
             if os.readlink(link).startswith(prefix):
                 status = os.stat(link)
                 found.add(file_key(status.st_dev, status.st_ino))
-        except FileNotFoundError:
-            continue
     return found
 
 
@@ -105,12 +148,10 @@ def file_key(device: int, inode: int) -> tuple[int, int, int]:
 
 def namespace_pid(pid: int) -> int | None:
     """The pid a host process has inside its own pid namespace (NSpid's last field)."""
-    try:
+    with contextlib.suppress(OSError, ValueError):
         for line in Path(f"/proc/{pid}/status").read_text().splitlines():
             if line.startswith("NSpid:"):
                 return int(line.split()[-1])
-    except (OSError, ValueError):
-        return None
     return None
 
 

@@ -51,7 +51,7 @@ from serving_study.measure.server_checks import server_identity, validity_checks
 from serving_study.measure.server_queries import read_server_info
 from serving_study.measure.server_start import start_healthy_server
 from serving_study.servers.environment import recorded_environment
-from serving_study.servers.leftovers import owned_name
+from serving_study.servers.owners import owned_name
 
 log = logging.getLogger(__name__)
 
