@@ -1,0 +1,97 @@
+"""The results pages say what their committed runs show about how they were made:
+the order the runs ran in, when they ran, the files beside them, and the figures
+they borrow from another page."""
+
+import json
+import re
+from datetime import datetime
+from itertools import pairwise
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "docs" / "results"
+PAGES_WITH_RUNS = sorted(
+    page.parent
+    for page in RESULTS.glob("*/README.md")
+    if (page.parent / "runs").is_dir()
+)
+
+
+def provenances(results: Path) -> list[dict]:
+    """Every committed run's provenance, in the order the runs started."""
+    found = [
+        json.loads(path.read_text())
+        for path in results.glob("runs/*/run*/provenance.json")
+    ]
+    return sorted(found, key=lambda provenance: provenance["started_at"])
+
+
+def variant_of(provenance: dict) -> str:
+    variant = provenance["variant"]
+    return variant["name"] if isinstance(variant, dict) else variant
+
+
+def one_variant_after_the_other(results: Path) -> bool:
+    """Whether every run of one variant started before any run of another."""
+    order = [variant_of(provenance) for provenance in provenances(results)]
+    changes = sum(1 for before, after in pairwise(order) if before != after)
+    return len(set(order)) > 1 and changes == len(set(order)) - 1
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+@pytest.mark.parametrize("results", PAGES_WITH_RUNS, ids=lambda path: path.name)
+def test_a_page_says_interleaved_only_when_its_runs_were(results):
+    text = flat((results / "README.md").read_text())
+    claims_interleaving = re.search(r"(?<!not )interleaved", text, re.I) is not None
+    if one_variant_after_the_other(results):
+        assert not claims_interleaving, results.name
+        assert "not interleaved" in text.lower(), results.name
+
+
+def test_the_check_sees_an_order_by_variant():
+    """Both published 2-core studies were measured one variant after the other."""
+    assert one_variant_after_the_other(RESULTS / "embedded-b1")
+    assert not one_variant_after_the_other(RESULTS / "sglang-cpu-fixes")
+
+
+@pytest.mark.parametrize("results", PAGES_WITH_RUNS, ids=lambda path: path.name)
+def test_every_file_a_page_lists_is_committed_beside_it(results):
+    """The files a page's opening lists (before its first section)."""
+    text = (results / "README.md").read_text().split("\n## ")[0]
+    named = set(re.findall(r"`([\w.-]+/|[\w.-]+\.(?:json|csv|html))`", text))
+    missing = [
+        name
+        for name in sorted(named)
+        if not (results / name).exists() and not list(results.rglob(name.rstrip("/")))
+    ]
+    assert missing == [], results.name
+
+
+def test_the_gpu_host_page_gives_the_minutes_its_runs_took():
+    runs = provenances(RESULTS / "gpu-host")
+    start = datetime.fromisoformat(runs[0]["started_at"])
+    end = datetime.fromisoformat(max(run["finished_at"] for run in runs))
+    text = flat((RESULTS / "gpu-host" / "README.md").read_text())
+    window = f"{start:%Y-%m-%d}, {start:%H:%M}-{end:%H:%M} UTC"
+    assert f"Measured on {window}" in text
+
+
+def test_the_default_page_quotes_the_gpu_hosts_cpu_cost_as_published():
+    claims = pd.read_csv(RESULTS / "gpu-host" / "tables" / "claims.csv")
+    cost = claims.set_index("claim").loc["original-costs-cpu-without-quota", "value"]
+    text = flat((RESULTS / "embedded-b1" / "README.md").read_text())
+    assert f"the H200's {cost:.1f}x" in text
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/README.md"])
+def test_the_status_names_the_studys_geometry_as_not_run(page):
+    text = flat((ROOT / page).read_text())
+    assert re.search(r"Not run:.{0,200}128-CPU", text) or re.search(
+        r"128-CPU geometry.{0,40}have not run", text
+    ), page
