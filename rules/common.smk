@@ -220,6 +220,9 @@ def report_config():
         part["sglang"] = {"device": SERVER.device}
     if SERVER.container is not None:
         part["container"] = dict(SERVER.container)
+    if SERVER.engine == "embedded":
+        timing = ("prefill_ms_per_image", "decode_step_ms")
+        part["embedded_engine"] = {key: SERVER.embedded[key] for key in timing}
     return part
 
 

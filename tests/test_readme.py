@@ -80,6 +80,11 @@ def test_the_readme_names_its_stand_ins():
     status = flat(README.read_text().split("\n## ", 1)[0])
     assert "**timed stand-in model**" in status
     assert "**stand-in for sgl-kernel's CPU ops**" in status
+    real_server = flat(section(README, "## SGLang's real server on CPU"))
+    assert (
+        "**stand-in**: a tiny Qwen3-VL with random weights, one output" in real_server
+    )
+    assert "same stand-in" in flat(section(README, "## Every fix on the real server"))
 
 
 GPU_HOST = ROOT / "docs" / "results" / "gpu-host"

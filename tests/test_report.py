@@ -195,6 +195,24 @@ def test_page_states_verdicts_setup_and_tables(built):
     assert "run1 2; run2 5" in text
 
 
+def test_the_setup_names_what_served_the_requests(built, tmp_path):
+    """The embedded engine's timed stand-in, with its timing, is named on the page;
+    so is the tiny model of the real server on CPU."""
+    text = " ".join(parse(built["page"]).text)
+    assert (
+        "a timed stand-in, not a model (the embedded engine): 20 ms of prefill per "
+        "image, 10 ms per decode step" in text
+    )
+    config = yaml.safe_load((FIXTURE / "config.yaml").read_text())
+    config |= {"engine": "sglang", "sglang": {"device": "cpu"}}
+    tables, host, variants = load_inputs(tmp_path, config)
+    page = tmp_path / "report.html"
+    settings = ReportSettings.from_config(config)
+    build_report(tables, settings, host, variants, page, figures_dir=tmp_path / "f")
+    text = " ".join(parse(page).text)
+    assert "a stand-in: a seeded tiny Qwen3-VL with random weights" in text
+
+
 def test_strings_from_logs_are_escaped(built):
     html = built["page"].read_text(encoding="utf-8")
     assert "<script>alert(1)</script>" not in html

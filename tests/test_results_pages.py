@@ -95,3 +95,10 @@ def test_the_status_names_the_studys_geometry_as_not_run(page):
     assert re.search(r"Not run:.{0,200}128-CPU", text) or re.search(
         r"128-CPU geometry.{0,40}have not run", text
     ), page
+
+
+@pytest.mark.parametrize("results", PAGES_WITH_RUNS, ids=lambda path: path.name)
+def test_every_results_page_names_its_stand_in_model(results):
+    text = flat((results / "README.md").read_text())
+    named = r"stand-in (model|for the model)|model is a stand-in|by a timed stand-in"
+    assert re.search(named, text), results.name

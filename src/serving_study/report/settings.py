@@ -31,6 +31,7 @@ class ReportSettings:
     change_criterion: ChangeCriterion
     engine: str
     sglang_device: str | None
+    model: str
     runtime: str = "local"
     container: Mapping | None = None
 
@@ -53,6 +54,7 @@ class ReportSettings:
             sglang_device=device,
             runtime=str(config.get("runtime", "local")),
             container=config.get("container"),
+            model=served_by(config, engine, device),
         )
 
     @property
@@ -63,3 +65,18 @@ class ReportSettings:
     def sglang_on_cpu(self) -> bool:
         """Whether the arms ran SGLang's real server on a CPU host."""
         return self.sglang_device == "cpu"
+
+
+def served_by(config: Mapping, engine: str, device: str | None) -> str:
+    """What served the requests, stand-ins named as such."""
+    if engine == "embedded":
+        timing = ("prefill_ms_per_image", "decode_step_ms")
+        ms = config_values(config.get("embedded_engine", {}), timing, "embedded_engine")
+        return (
+            "a timed stand-in, not a model (the embedded engine): "
+            f"{ms['prefill_ms_per_image']} ms of prefill per image, "
+            f"{ms['decode_step_ms']} ms per decode step"
+        )
+    if device == "cpu":
+        return "a stand-in: a seeded tiny Qwen3-VL with random weights"
+    return "the real model (SGLang's server on the GPU)"

@@ -20,6 +20,7 @@ def setup_tables(
     """The host and when the runs were measured, then each arm's settings."""
     runs = tables["runs"]
     host_rows = host_summary_rows(host) + [["runs measured", run_dates(runs)]]
+    host_rows.append(["what served the requests", settings.model])
     if settings.reference_source:
         host_rows.append(["study numbers from", describe(settings.reference_source)])
     if settings.container is not None:
