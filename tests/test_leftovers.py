@@ -163,7 +163,12 @@ def test_only_what_a_dead_runners_ledger_names_and_nobody_holds_is_unlinked(
     assert sorted(reaped.segments) == sorted(names[what] for what in removed)
     left = {path.name for path in shm_dir.iterdir()}
     kept = {name for what, name in names.items() if what not in removed}
-    assert left == kept | {"serving-study-owned-live-run.json"}
+    # The dead run's ledger stays: two files it names are still held.
+    ledgers = {"serving-study-owned-live-run.json", "serving-study-owned-dead-run.json"}
+    assert left == kept | ledgers
+    reap_segments(shm_dir, Reaped())
+    assert not (shm_dir / names["its semaphore still open"]).exists()
+    assert not (shm_dir / "serving-study-owned-dead-run.json").exists()
 
 
 def test_a_dead_creators_segment_still_mapped_by_a_live_process_stays(shm_dir):

@@ -141,7 +141,8 @@ def reap_groups(reaped: Reaped) -> None:
 
 
 def reap_segments(shared_memory: Path, reaped: Reaped) -> None:
-    """Unlink what dead runners' servers' ledgers name, when nobody holds it."""
+    """Unlink what dead runners' servers' ledgers name, when nobody holds it. A
+    ledger stays while something it names is kept, so a later sweep tries again."""
     dead = [
         (p, ledger)
         for p, ledger in ledgers(shared_memory)
@@ -150,30 +151,38 @@ def reap_segments(shared_memory: Path, reaped: Reaped) -> None:
     if not dead:
         return
     names = os.listdir(shared_memory)
-    candidates = set()
-    for _, ledger in dead:
-        candidates.update(ledger["names"])
+    held, complete = files_held_open(shared_memory)
+    for ledger_path, ledger in dead:
         pids = set(ledger["pids"])
-        candidates.update(
+        made = {
             name
             for name in names
             if name.startswith(PID_STAMPED_PREFIXES) and segment_creator(name) in pids
-        )
-    held, _ = files_held_open(shared_memory)
-    for name in sorted(candidates):
-        path = shared_memory / name
-        try:
-            status = path.stat()
-            if file_key(status.st_dev, status.st_ino) in held:
+        }
+        kept = False
+        for name in sorted(made | set(ledger["names"])):
+            if not complete and name not in made:
+                kept = True  # some process could not be read: it might hold this one
                 continue
-            path.unlink()
-            reaped.segments.append(name)
-        except FileNotFoundError:
-            continue
-        except OSError as error:
-            reaped.problems.append(f"{path}: {error}")
-    for path, _ in dead:
-        path.unlink(missing_ok=True)
+            kept |= not _unlink_unheld(shared_memory / name, held, reaped)
+        if not kept:
+            ledger_path.unlink(missing_ok=True)
+
+
+def _unlink_unheld(path: Path, held: set, reaped: Reaped) -> bool:
+    """Unlink ``path`` unless a live process holds it; whether it is gone now."""
+    try:
+        status = path.stat()
+        if file_key(status.st_dev, status.st_ino) in held:
+            return False
+        path.unlink()
+        reaped.segments.append(path.name)
+    except FileNotFoundError:
+        pass
+    except OSError as error:
+        reaped.problems.append(f"{path}: {error}")
+        return False
+    return True
 
 
 def _runtime(runtime: str, *arguments: str) -> subprocess.CompletedProcess:
