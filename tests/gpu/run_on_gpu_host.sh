@@ -8,7 +8,8 @@
 #       install or stage what .device/ holds, and nothing else
 #   tests/gpu/run_on_gpu_host.sh OUT study SECONDS TARGET...
 #       snakemake on config/gpu-host.yaml for at most SECONDS (then interrupted,
-#       so that every server is torn down), and the results packed into OUT
+#       so that every server is torn down), and the results packed into OUT;
+#       CONFIG=config/gpu-host-2x2.yaml runs that experiment instead
 #
 # The host has no network: what it lacks travels in .device/ (git-ignored), made here
 # as docs/results/gpu-host/README.md says: .device/wheels (snakemake and its needs for
@@ -79,13 +80,15 @@ torch.version.cuda, torch.cuda.get_device_name(0), torch.get_num_threads())"
 study)
     seconds=$1
     shift
+    config=${CONFIG:-config/gpu-host.yaml}
+    experiment=$(sed -n 's/^experiment: *//p' "$config")
     timeout --signal=INT --kill-after=60 "$seconds" \
         python3 -m snakemake --cores "$(nproc)" --scheduler greedy \
-        --configfile config/gpu-host.yaml --rerun-incomplete "$@" \
+        --configfile "$config" --rerun-incomplete "$@" \
         2>&1 | tee "$out/snakemake.log"
     status=$?
-    tar -czf "$out/results.tgz" results/gpu-host results/variants/*.json \
-        results/logs 2>/dev/null
+    tar -czf "$out/results.tgz" --exclude="results/$experiment/variants/*/source" \
+        "results/$experiment" results/logs 2>/dev/null
     exit "$status"
     ;;
 *)
