@@ -190,12 +190,14 @@ def test_verdict_sentences(tables):
         "ttft_alike": "does not hold",
     }
     assert claims["sentence"].tolist() == [
-        "patched copy recovers at least 2x throughput: holds here "
-        "(2.81x; 2 of 2 paired runs meet it; study 2.7x)",
-        "patched copy at most halves main-process CPU: cannot tell here "
-        "(patched has 2 valid runs of 3; the claim needs 3; study 0.0404x)",
-        "both arms have alike TTFT: does not hold here (original, patched: "
-        "medians 55 to 250 ms, spread 354.5%, allowed 10%; study 337.7%)",
+        "patched copy recovers at least 2x throughput: holds here, a test of a "
+        "bound from the study (2.81x; 2 of 2 paired runs meet it; study 2.7x)",
+        "patched copy at most halves main-process CPU: cannot tell here, a "
+        "confirmation of a bound from a pilot (patched has 2 valid runs of 3; "
+        "the claim needs 3; study 0.0404x)",
+        "both arms have alike TTFT: does not hold here, a confirmation of a bound "
+        "from a redesign after a failed verdict (original, patched: medians 55 to "
+        "250 ms, spread 354.5%, allowed 10%; study 337.7%)",
     ]
     assert claims.loc["ttft_alike", "value"] == pytest.approx(250 / 55 - 1)
 
@@ -205,8 +207,9 @@ def test_ratio_claim_that_falls_short_says_what_it_needed(tmp_path):
     config["claims"][0]["at_least"] = 3.0
     tables = aggregate(write_fixture_metrics(tmp_path), config)
     assert tables["claims"]["sentence"][0] == (
-        "patched copy recovers at least 2x throughput: does not hold here "
-        "(2.81x, the claim needs at least 3x; 1 of 2 paired runs meet it; study 2.7x)"
+        "patched copy recovers at least 2x throughput: does not hold here, a test "
+        "of a bound from the study (2.81x, the claim needs at least 3x; 1 of 2 "
+        "paired runs meet it; study 2.7x)"
     )
 
 
@@ -221,6 +224,7 @@ def test_within_claim_holds_for_close_arms(tmp_path):
             "arms": ["original", "patched"],
             "tolerance": 0.40,
             "min_valid_runs": 2,
+            "bound_from": {"kind": "reasoning", "what": "cores follow requests"},
         }
     ]
     tables = aggregate(write_fixture_metrics(tmp_path), config)
@@ -467,10 +471,14 @@ def test_a_figure_no_run_reports_is_refused(where):
         jsonschema.validate(config, schema_for_claims())
 
 
+STUDY_BOUND = {"kind": "study", "what": "the study's ratio"}
+
+
 def ratio_claim(**fields) -> dict:
     return {
         "name": "c",
         "statement": "s",
+        "bound_from": STUDY_BOUND,
         "metric": "throughput_rps",
         "numerator": "patched",
         "denominator": "original",
@@ -482,6 +490,7 @@ def within_claim(**fields) -> dict:
         "name": "c",
         "kind": "within",
         "statement": "s",
+        "bound_from": STUDY_BOUND,
         "metric": "throughput_rps",
         "arms": ["original", "patched"],
     } | fields

@@ -7,6 +7,11 @@ against run k of the other; every block runs every arm once, so drift hits
 both alike). A "within" claim asks that several arms' medians lie within a
 tolerance of each other. A claim whose arms have too few valid runs cannot be
 told either way.
+
+Beside each verdict stands where its bound came from (the claim's ``bound_from``),
+and so what the verdict is: a test of a bound stated before any run of its effect,
+or a confirmation of one set after such a run (a pilot, or a redesign after a
+failed verdict).
 """
 
 import math
@@ -15,6 +20,7 @@ import pandas as pd
 
 from serving_study.analysis.numbers import format_number, is_number
 from serving_study.analysis.summaries import arm_median, reference_values
+from serving_study.config.records import BoundSource
 from serving_study.config.schema import property_schema
 from serving_study.metric_catalogue import METRICS
 
@@ -23,6 +29,15 @@ DOES_NOT_HOLD = "does not hold"
 CANNOT_TELL = "cannot tell"
 
 DEFAULT_MIN_VALID_RUNS = property_schema("claims", "min_valid_runs")["default"]
+
+# What a bound of each kind of bound_from makes its verdict, and how it is named.
+TESTED_KINDS = ("study", "reasoning")
+SOURCE_WORDS = {
+    "study": "the study",
+    "reasoning": "our reasoning",
+    "pilot": "a pilot",
+    "redesign": "a redesign after a failed verdict",
+}
 
 
 def check_claims(config: dict) -> None:
@@ -43,6 +58,11 @@ def check_claims(config: dict) -> None:
     for claim in config.get("claims") or []:
         name = claim.get("name", "<unnamed>")
         kind = claim_kind(claim)
+        if "bound_from" not in claim:
+            raise ValueError(
+                f"claim {name!r} lacks bound_from: say where its bound came from "
+                f"(kind: one of {', '.join(SOURCE_WORDS)})"
+            )
         if claim.get("metric") not in METRICS:
             raise ValueError(
                 f"claim {name!r} uses metric {claim.get('metric')!r}; "
@@ -164,7 +184,9 @@ def claims_table(runs: pd.DataFrame, arms: pd.DataFrame, config: dict) -> pd.Dat
         judge = judge_ratio if claim_kind(claim) == "ratio" else judge_within
         row = judge(claim, runs, arms, config)
         row["sentence"] = (
-            f"{claim['statement']}: {row['verdict']} here ({row['detail']})"
+            f"{claim['statement']}: {row['verdict']} here, a {row['judged_as']} of "
+            f"a bound from {SOURCE_WORDS[claim['bound_from']['kind']]} "
+            f"({row['detail']})"
         )
         rows.append(row)
     columns = [
@@ -174,6 +196,8 @@ def claims_table(runs: pd.DataFrame, arms: pd.DataFrame, config: dict) -> pd.Dat
         "metric",
         "arms",
         "verdict",
+        "judged_as",
+        "bound_from",
         "value",
         "bound",
         "reference_value",
@@ -276,13 +300,27 @@ def too_few_runs(claim: dict, arms: pd.DataFrame) -> str:
     return f"{'; '.join(short)}; the claim needs {needed}"
 
 
+def describe_source(source: BoundSource) -> str:
+    """ "a pilot: <which>; <its figures> (committed in <commit>:<path>)"."""
+    parts = [f"{SOURCE_WORDS[source.kind]}: {source.what}"]
+    if source.result:
+        parts.append(f"; {source.result}")
+    if source.kind not in TESTED_KINDS:
+        where = source.committed
+        parts.append(f" (committed in {where})" if where else " (not committed)")
+    return "".join(parts)
+
+
 def _claim_row(claim: dict, bound: str, value: float, reference: float) -> dict:
+    source = BoundSource.from_config(claim["bound_from"])
     return {
         "claim": claim["name"],
         "kind": claim_kind(claim),
         "statement": claim["statement"],
         "metric": claim["metric"],
         "arms": ", ".join(claim_arms(claim)),
+        "judged_as": "test" if source.kind in TESTED_KINDS else "confirmation",
+        "bound_from": describe_source(source),
         "bound": bound,
         "value": value,
         "reference_value": reference,

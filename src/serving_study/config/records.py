@@ -206,6 +206,27 @@ class Workload:
 
 
 @dataclass(frozen=True)
+class BoundSource:
+    """Where a claim's bound came from (its ``bound_from``): the study, our own
+    reasoning, a pilot or a redesign (``kind``); for a pilot or a redesign, its
+    figures and the ``<commit>:<path>`` they are committed in (None: nowhere)."""
+
+    kind: str
+    what: str
+    result: str | None
+    committed: str | None
+
+    @classmethod
+    def from_config(cls, section: Mapping) -> BoundSource:
+        values = config_values(section, _field_names(cls), "claims", "bound_from")
+        return cls(
+            **_plain_fields(cls, values),
+            result=values["result"],
+            committed=values["committed"] or None,
+        )
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     """What starting any arm's server needs besides the arm: the engine and where
     it runs, with the one engine section it reads (``embedded`` or ``sglang``,

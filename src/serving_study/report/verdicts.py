@@ -1,5 +1,6 @@
 """The claims: one sentence per claim at the top of the page, colored by its
-verdict, and the tables of ratios and verdicts behind them."""
+verdict, and the tables of ratios and verdicts behind them; each verdict says
+whether it tests its bound or confirms it, and where the bound came from."""
 
 import pandas as pd
 
@@ -45,10 +46,12 @@ def ratios_table(tables: dict[str, pd.DataFrame]) -> Table:
 
 
 def claims_table(tables: dict[str, pd.DataFrame]) -> Table:
-    columns = ["claim", "statement", "arms", "bound", "verdict", "detail"]
+    columns = ["claim", "statement", "arms", "bound", "verdict"]
+    columns += ["judged_as", "bound_from", "detail"]
     records = tables["claims"].to_dict("records")
     return Table(
-        ["claim", "statement", "arms", "needs", "verdict", "numbers"],
+        ["claim", "statement", "arms", "needs", "verdict"]
+        + ["test or confirmation", "bound from", "numbers"],
         [[row[column] for column in columns] for row in records],
         verdict_column=4,
         row_classes=[verdict_class(row["verdict"]) for row in records],
