@@ -1,6 +1,6 @@
 """Where a process's CPU time goes, thread by thread, from /proc/<pid>/task/*.
 
-Every per-thread reading of the project is made here, in one of two forms:
+Every per-thread reading of the project is made here, in one of three forms:
 
 * `read_thread_cpu(pid)` takes a snapshot from each thread's ``stat``: its name (its
   ``comm``, as set with ``prctl(PR_SET_NAME)``; OpenMP workers keep the name of the
@@ -12,6 +12,8 @@ Every per-thread reading of the project is made here, in one of two forms:
   nanoseconds, without a name. Exact where ticks are coarse, and cheap enough for
   the run monitors to sample hundreds of threads once a second;
   `threads_that_ran` and `main_thread_split` compare two such readings.
+* `read_thread_sleeps(pid)` reads how often each thread has gone to sleep (its
+  voluntary context switches, from ``status``): a spinning thread never does.
 
 The kernel keeps a thread's counters only while the thread exists: a thread that
 ended between two readings is missing from the difference, and one that started in
@@ -21,6 +23,7 @@ between counts from zero.
 from __future__ import annotations
 
 import os
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -145,6 +148,25 @@ def read_thread_run_time(pid: int) -> dict[int, int]:
         thread_id: int(schedstat.split(b" ", 1)[0])
         for thread_id, schedstat in _read_every_thread(pid, "schedstat", 64).items()
     }
+
+
+def read_thread_sleeps(pid: int) -> dict[int, int]:
+    """How often every thread of `pid` has gone to sleep so far, by thread id;
+    ProcessLookupError when the process does not exist."""
+    # status is about 1.5 kB; its CPU masks make it longer where the kernel allows
+    # thousands of CPUs.
+    return {
+        thread_id: parse_voluntary_switches(status)
+        for thread_id, status in _read_every_thread(pid, "status", 65536).items()
+    }
+
+
+def parse_voluntary_switches(status: bytes) -> int:
+    """The voluntary context switches in the text of a /proc/.../status file."""
+    found = re.search(rb"^voluntary_ctxt_switches:\s*(\d+)$", status, re.MULTILINE)
+    if found is None:
+        raise ValueError("no voluntary_ctxt_switches line in the status text")
+    return int(found.group(1))
 
 
 def threads_that_ran(before: dict[int, int], after: dict[int, int]) -> int:
