@@ -36,6 +36,7 @@ import sys
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from serving_study.measure.thread_cpu import read_thread_run_time, read_thread_sleeps
@@ -203,6 +204,7 @@ def measure_spin_throttle(settings: SpinThrottleSettings) -> dict:
             f"process may use only {len(available)} CPUs"
         )
     cpus = available[: settings.visible_cpus]
+    started_at = datetime.now(UTC).isoformat(timespec="seconds")
     started = time.monotonic()
     cases = [
         measure_case(cpus, pool, spin, settings)
@@ -224,6 +226,7 @@ def measure_spin_throttle(settings: SpinThrottleSettings) -> dict:
         },
         "settings": settings.as_config(),
         "cases": cases,
+        "started_at": started_at,
         "wall_s": round(time.monotonic() - started, 1),
     }
 
