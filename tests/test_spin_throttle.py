@@ -1,21 +1,26 @@
 """The spin-throttle measurement: its readings and arithmetic, the real thing run
 briefly, the libgomp defaults the docs quote, and every figure they quote."""
 
+import json
 import os
 import re
 import shutil
 import subprocess
 import threading
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
+import yaml
 
 from serving_study.measure.thread_cpu import (
     parse_voluntary_switches,
     read_thread_sleeps,
 )
 from serving_study.studies.spin_throttle import (
+    ELEMENTS_PER_THREAD,
+    WARMUP_CYCLES,
     SpinThrottleSettings,
     measure_spin_throttle,
     worker_figures,
@@ -23,6 +28,10 @@ from serving_study.studies.spin_throttle import (
 
 ROOT = Path(__file__).resolve().parents[1]
 PUBLISHED = ROOT / "docs" / "results" / "spin-throttle"
+GPU_HOSTS = ROOT / "docs" / "gpu-hosts.md"
+# libgomp's defaults with OMP_WAIT_POLICY unset (the spin count and the throttled
+# one) and the throttled count under ACTIVE, as env.c sets them and the docs quote.
+SPIN_COUNT, THROTTLED_SPIN_COUNT, THROTTLED_ACTIVE_SPIN_COUNT = 300_000, 100, 1_000
 
 
 def test_a_thread_that_sleeps_is_counted_each_time():
@@ -140,6 +149,162 @@ def test_torchs_libgomp_sets_the_spin_counts_the_docs_quote():
     targets = {}
     for value, address in stores:
         targets.setdefault(int(value, 16), set()).add(address)
-    (spin,) = targets[300_000]
-    assert spin not in targets[100]
-    assert targets[100] & targets[1_000]  # the throttled count, either policy
+    (spin,) = targets[SPIN_COUNT]
+    assert spin not in targets[THROTTLED_SPIN_COUNT]
+    # The throttled count, under either policy.
+    assert targets[THROTTLED_SPIN_COUNT] & targets[THROTTLED_ACTIVE_SPIN_COUNT]
+
+
+def published() -> dict:
+    return json.loads((PUBLISHED / "spin_throttle.json").read_text())
+
+
+def by_case(figures: dict) -> dict:
+    return {
+        (case["pool_threads"], case["spin_count"]): case for case in figures["cases"]
+    }
+
+
+def ms(value: float) -> str:
+    return f"{value:.3f} ms"
+
+
+def flat(text: str) -> str:
+    return " ".join(text.split())
+
+
+def fitting_pool(figures: dict) -> dict:
+    """The cases of the pool as large as the visible CPUs, by spin setting."""
+    return {
+        spin: case
+        for (pool, spin), case in by_case(figures).items()
+        if pool == figures["settings"]["visible_cpus"]
+    }
+
+
+def larger_pools(figures: dict) -> list[dict]:
+    return [case for case in figures["cases"] if case["more_threads_than_cpus"]]
+
+
+def throttled_range(figures: dict) -> str:
+    values = [case["worker_cpu_ms_per_gap"] for case in larger_pools(figures)]
+    return f"{min(values):.3f}-{max(values):.3f} ms"
+
+
+def in_words(numbers: list[int]) -> str:
+    return ", ".join(map(str, numbers[:-1])) + f" and {numbers[-1]}"
+
+
+def quoted_figures(text: str) -> set[str]:
+    """Every figure with three decimals in ``text``: the measured CPU times."""
+    return set(re.findall(r"\d+\.\d{3}", text))
+
+
+def figures_measured(figures: dict) -> set[str]:
+    return {f"{case['worker_cpu_ms_per_gap']:.3f}" for case in figures["cases"]}
+
+
+def test_the_results_page_is_the_published_json():
+    figures = published()
+    cases, settings, host = by_case(figures), figures["settings"], figures["host"]
+    page = (PUBLISHED / "README.md").read_text()
+    rows = [line for line in page.splitlines() if re.match(r"\| \d", line)]
+    expected = []
+    for pool in settings["pool_threads"]:
+        larger = "yes" if cases[(pool, "default")]["more_threads_than_cpus"] else "no"
+        cells = [
+            f"{ms(cases[(pool, spin)]['worker_cpu_ms_per_gap'])} "
+            f"({cases[(pool, spin)]['worker_sleeps_per_gap']:.2f})"
+            for spin in ("default", "0", "infinite")
+        ]
+        expected.append(f"| {pool} | {larger} | {' | '.join(cells)} |")
+    assert rows == expected
+
+    text = flat(page)
+    started = datetime.fromisoformat(figures["started_at"])
+    assert f"Measured on {started:%Y-%m-%d} at {started:%H:%M} UTC" in text
+    assert f"at commit {figures['project']['commit'][:7]}" in text
+    assert figures["project"]["dirty"] and "uncommitted edits" in text
+    assert f"The {len(cases)} cases took {figures['wall_s']} s" in text
+    assert f"| CPU | {host['cpus']} visible CPUs ({host['cpu_model']})" in text
+    assert host["cpus"] == settings["visible_cpus"]
+    assert f"| Kernel | Linux {host['kernel']} |" in text
+    libgomp = host["libgomp"]
+    assert (
+        f"Python {host['python']}, torch {host['torch']} with its own libgomp "
+        f"(`{libgomp['file']}`, built by {libgomp['built_by']}; it counted "
+        f"{libgomp['cpus']} CPUs)" in text
+    )
+    assert (
+        f"per pool of {in_words(settings['pool_threads'])} intra-op threads and per "
+        f"spin setting, a fresh process on both CPUs: {WARMUP_CYCLES} warm-up and "
+        f"{settings['cycles']} measured cycles of a parallel add "
+        f"({ELEMENTS_PER_THREAD:,} elements per thread) followed by "
+        f"{settings['gap_ms']:g} ms idle" in text
+    )
+
+    fit = fitting_pool(figures)
+    assert (
+        f"With {settings['visible_cpus']} threads on {settings['visible_cpus']} CPUs "
+        f"the worker burns {ms(fit['default']['worker_cpu_ms_per_gap'])} per gap "
+        f"with libgomp's default spin count, against "
+        f"{ms(fit['0']['worker_cpu_ms_per_gap'])} with `GOMP_SPINCOUNT=0`" in text
+    )
+    assert fit["infinite"]["worker_sleeps_per_gap"] == 0
+    infinite = ms(fit["infinite"]["worker_cpu_ms_per_gap"])
+    assert f"gap ({infinite} per cycle) and never sleeps" in text
+    larger = larger_pools(figures)
+    pools = sorted({case["pool_threads"] for case in larger})
+    assert pools == [3, 4, 8]
+    assert min(case["worker_sleeps_per_gap"] for case in larger) >= 1
+    assert (
+        f"With 3, 4 or 8 threads each worker uses {throttled_range(figures)} per cycle "
+        "and sleeps in every gap, in all three settings" in text
+    )
+    assert all(
+        case["workers_that_ran"] == case["pool_threads"] - 1
+        for case in figures["cases"]
+    )
+    assert quoted_figures(page) <= figures_measured(figures)
+
+
+def test_the_gpu_host_page_explains_the_map_with_the_published_figures():
+    figures = published()
+    section = GPU_HOSTS.read_text().split("\n## Why a pool larger than the CPUs")[1]
+    text = flat(section.split("\n## ")[0])
+    assert (
+        f"the spin count is {SPIN_COUNT:,} (about 3 ms by the source's own estimate) "
+        f"and the throttled count {THROTTLED_SPIN_COUNT}; with `ACTIVE` the throttled "
+        f"count is {THROTTLED_ACTIVE_SPIN_COUNT:,}" in text
+    )
+    host = figures["host"]
+    assert (
+        f"The copy torch {host['torch'].split('+')[0]} ships (built by "
+        f"{host['libgomp']['built_by']}) stores the same {SPIN_COUNT:,}, "
+        f"{THROTTLED_SPIN_COUNT} and {THROTTLED_ACTIVE_SPIN_COUNT:,}" in text
+    )
+    settings, fit = figures["settings"], fitting_pool(figures)
+    cpu = {spin: ms(case["worker_cpu_ms_per_gap"]) for spin, case in fit.items()}
+    assert (
+        f"on {settings['visible_cpus']} visible CPUs, with a parallel add every "
+        f"{settings['gap_ms']:g} ms, the worker of a {settings['visible_cpus']}-thread "
+        f"pool burns {cpu['default']} of CPU per gap with the default spin, "
+        f"{cpu['0']} with `GOMP_SPINCOUNT=0`, and {cpu['infinite']} (the whole gap, "
+        "never sleeping)" in text
+    )
+    assert (
+        f"Pools of 3, 4 and 8 threads use {throttled_range(figures)} per worker and "
+        "gap in all three settings" in text
+    )
+    assert quoted_figures(text) <= figures_measured(figures)
+    # The study's quota and the GPU host's, as their configs give them.
+    quotas = {
+        name: next(
+            arm["cpu_quota"]
+            for arm in yaml.safe_load((ROOT / "config" / name).read_text())["arms"]
+            if arm["name"] == "A"
+        )
+        for name in ("b1.yaml", "gpu-host.yaml")
+    }
+    assert f"under the {quotas['b1.yaml']}-core quota" in text
+    assert f"(16 threads under {quotas['gpu-host.yaml']} cores)" in text
