@@ -202,6 +202,37 @@ def test_verdict_sentences(tables):
     assert claims.loc["ttft_alike", "value"] == pytest.approx(250 / 55 - 1)
 
 
+def test_beside_each_verdict_where_its_bound_came_from(tables):
+    """A test where the bound came from the study (or our reasoning), a
+    confirmation where it came after a run of the same effect."""
+    claims = tables["claims"].set_index("claim")
+    columns = list(claims.columns)
+    assert columns[columns.index("verdict") + 1 :][:2] == ["judged_as", "bound_from"]
+    assert claims["judged_as"].to_dict() == {
+        "patch_recovers_throughput": "test",
+        "patch_cuts_main_cpu": "confirmation",
+        "ttft_alike": "confirmation",
+    }
+    assert claims["bound_from"].to_dict() == {
+        "patch_recovers_throughput": "the study: B1's C/A of 2.70x, as at least 2x",
+        "patch_cuts_main_cpu": "a pilot: an earlier run of this fixture; "
+        "patched/original main-process CPU 0.4x; not committed",
+        "ttft_alike": "a redesign after a failed verdict: the workload's images "
+        "moved from 512 px to 256 px; the arms' TTFT 20% apart, does not hold; "
+        "committed in 0123abc:docs/results/example/tables/claims.csv",
+    }
+
+
+def test_our_own_reasoning_makes_a_test(tmp_path):
+    config = fixture_config()
+    config["claims"][1]["bound_from"] = {"kind": "reasoning", "what": "a guess"}
+    claim = aggregate(write_fixture_metrics(tmp_path), config)["claims"].iloc[1]
+    assert (claim["judged_as"], claim["bound_from"]) == (
+        "test",
+        "our reasoning: a guess",
+    )
+
+
 def test_ratio_claim_that_falls_short_says_what_it_needed(tmp_path):
     config = fixture_config()
     config["claims"][0]["at_least"] = 3.0

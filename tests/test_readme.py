@@ -88,6 +88,7 @@ def test_the_readme_names_its_stand_ins():
 
 
 GPU_HOST = ROOT / "docs" / "results" / "gpu-host"
+VERDICTS = "## Verdicts, and where each bound came from"
 
 
 def arm_figures(results: Path, metric: str):
@@ -109,13 +110,30 @@ def paired_count(detail: str) -> str:
     return re.search(r"(\d+ of \d+) paired runs", detail).group(1)
 
 
+def judged(row) -> str:
+    """What a page writes beside a verdict: "a test of a bound from the study", from
+    the claims table's judged_as and the words that open its bound_from."""
+    return f"a {row['judged_as']} of a bound from {row['bound_from'].split(': ')[0]}"
+
+
+def verdict_words(row) -> str:
+    """A verdict as the pages write it, with what it is beside it."""
+    return f"**{row['verdict']}**, {judged(row)}"
+
+
+def each_of(row) -> str:
+    """ "tests, each of a bound from the study": a kind of verdict, for several."""
+    return judged(row).removeprefix("a ").replace(" of a bound", "s, each of a bound")
+
+
 def ratio_claim_line(claims, claim: str) -> str:
-    """How a ratio claim is stated beside its figure: value, bound, verdict, blocks."""
+    """How a ratio claim is stated beside its figure: value, bound, verdict, what
+    the verdict is, blocks."""
     row = claims.loc[claim]
     numerator, denominator = row["arms"].split(", ")
     return (
         f'{numerator}/{denominator} = {row["value"]:.3f}x against "{row["bound"]}": '
-        f"**{row['verdict']}** ({paired_count(row['detail'])} blocks"
+        f"{verdict_words(row)} ({paired_count(row['detail'])} blocks"
     )
 
 
@@ -150,11 +168,20 @@ def test_gpu_host_figures_match_the_committed_tables():
         assert ratio_claim_line(claims, claim) in text, claim
     cost = claims.loc["original-costs-cpu-without-quota"]
     assert (
-        f'= {cost["value"]:.3f}x against "{cost["bound"]}": **{cost["verdict"]}**'
+        f'= {cost["value"]:.3f}x against "{cost["bound"]}": {verdict_words(cost)} '
         in text
     )
     same = claims.loc["same-throughput-without-quota"]
     assert f"(spread {100 * same['value']:.1f}%)" in text
+    for claims_of, who in (
+        (["fan-out-halves-throughput", "patch-recovers-throughput"], "The study's"),
+        (
+            ["passive-wait-recovers-throughput", "no-spin-recovers-throughput"],
+            "the fixes'",
+        ),
+    ):
+        (kind,) = {each_of(claims.loc[claim]) for claim in claims_of}
+        assert f"{who} claims are {kind}," in text, who
 
 
 def test_the_gpu_host_results_page_matches_the_committed_tables():
@@ -182,11 +209,9 @@ def test_the_gpu_host_results_page_matches_the_committed_tables():
         assert per_request == f"{cost:.1f} ms", arm
         share = arm_figures(GPU_HOST, "throttled_share").loc[arm, "median"]
         assert throttled == ("–" if share != share else f"{100 * share:.0f}%"), arm
-    verdicts = markdown_rows(
-        section(page, "## Verdicts (bounds stated in the config before the run)")
-    )
+    verdicts = markdown_rows(section(page, VERDICTS))
     assert len(verdicts) == len(claims)
-    for name_and_arms, bound, value, meeting, verdict in verdicts:
+    for name_and_arms, bound, value, meeting, verdict, *_ in verdicts:
         claim = claims.loc[name_and_arms.split(" (")[0]]
         assert (bound, verdict) == (claim["bound"], claim["verdict"]), name_and_arms
         if claim["kind"] == "ratio":
@@ -318,7 +343,7 @@ def test_the_readme_gpu_host_headline_matches_the_committed_tables():
         )
         for row in rows:
             assert f"{row['value']:.3f}x" in line
-            assert f'against "{row["bound"]}": **{row["verdict"]}**' in line
+            assert f'against "{row["bound"]}": {verdict_words(row)}' in line
             assert paired_count(row["detail"]).split(" of ")[0] in line
 
 
@@ -362,11 +387,12 @@ def test_real_server_figures_in_the_readme_match_the_committed_tables():
             if line.startswith(f"{numerator}/{denominator}")
         )
         assert f"**{verdict}**" in line
+        assert verdict_words(claims.loc[claim]) in line
         blocks = ratios.loc[claim, "block_ratios"]
         for block in blocks.split("; "):
             assert block.split()[1] in line, (claim, block)
     spread = claims.loc["whole-server-copy-is-not-the-bottleneck"]
-    assert f"**{spread['verdict']}** (spread {100 * spread['value']:.1f}%)" in text
+    assert f"{verdict_words(spread)} (spread {100 * spread['value']:.1f}%)" in text
 
 
 def test_real_server_cpu_split_in_the_docs_matches_the_committed_tables():
@@ -420,10 +446,10 @@ def test_the_real_server_results_page_matches_the_committed_tables():
         assert rest == f"{figures['rest_cpu_ms']:.1f} ms", arm
         assert scheduler == f"{figures['scheduler_cpu_ms_per_request']:.0f} ms", arm
     claims = pd.read_csv(SGLANG_CPU / "tables" / "claims.csv")
-    verdicts = markdown_rows(section(page, "## Verdicts"))
+    verdicts = markdown_rows(section(page, VERDICTS))
     for claim in claims.itertuples():
         (row,) = [row for row in verdicts if row[0].startswith(claim.claim)]
-        assert row[-1] == claim.verdict, claim.claim
+        assert row[4] == claim.verdict, claim.claim
 
 
 DEFAULT = ROOT / "docs" / "results" / "embedded-b1"
@@ -485,18 +511,19 @@ def test_default_run_figures_in_the_readme_match_the_committed_tables():
         ("passive-wait-recovers-throughput", "A-passive/A"),
         ("no-spin-recovers-throughput", "A-spin0/A"),
     ):
-        value, verdict = claims.loc[claim, "value"], claims.loc[claim, "verdict"]
-        assert f"- {shown} = {value:.2f}x: **{verdict}**" in text, claim
+        value, row = claims.loc[claim, "value"], claims.loc[claim]
+        assert f"- {shown} = {value:.2f}x: {verdict_words(row)} (" in text, claim
     spread = claims.loc["fixes-agree"]
-    assert f"**{spread['verdict']}** (spread {100 * spread['value']:.1f}%)" in text
+    spread_text = f"{verdict_words(spread)} (spread {100 * spread['value']:.1f}%)"
+    assert spread_text in text
     same = claims.loc["same-throughput-without-quota"]
     assert same["verdict"] == spread["verdict"]
     assert (
-        f"so do A-free and C-free without a quota (spread {100 * same['value']:.1f}%)"
-        in flat(text)
+        f"so do A-free and C-free without a quota, {judged(same)} (spread "
+        f"{100 * same['value']:.1f}%)" in flat(text)
     )
     cost = claims.loc["original-costs-cpu-without-quota"]
-    assert f"**{cost['verdict']}**" in text
+    assert f"{verdict_words(cost)} (" in text
     assert f"({cost['value']:.2f}x" in flat(text)
 
 
@@ -537,7 +564,7 @@ def test_real_server_fix_figures_in_the_readme_match_the_committed_tables():
     claims = pd.read_csv(FIXES_ON_CPU / "tables" / "claims.csv")
     for claim in claims.itertuples():
         line = next(line for line in text.split("\n- ") if f"{claim.claim})" in line)
-        assert f"**{claim.verdict}**" in line, claim.claim
+        assert f"{verdict_words(claim._asdict())} (" in line, claim.claim
         if claim.kind == "ratio":
             assert f'{claim.value:.2f}x against "{claim.bound}"' in line, claim.claim
         else:
@@ -573,10 +600,13 @@ def test_the_default_results_page_matches_its_tables():
     ]
     assert (recovers["verdict"] == "holds").all()
     low, high = recovers["value"].min(), recovers["value"].max()
-    assert (
-        f"by {low:.2f}x to {high:.2f}x, and each claim stated before the run holds"
-        in text
-    )
+    assert f"by {low:.2f}x to {high:.2f}x, and each claim holds:" in text
+    for fixes, who in (
+        (["thread-cap-recovers-throughput", "patch-recovers-throughput"], "the cap"),
+        (["passive-wait-recovers-throughput", "no-spin-recovers-throughput"], "the"),
+    ):
+        (kind,) = {judged(recovers.loc[claim]) for claim in fixes}
+        assert re.search(rf"for {who}[\w ]* {kind}", text), fixes
     assert f"take {others['A']:.1f}% of a core of the 0.5-core quota" in text
     waits = sorted([others["A-passive"], others["A-spin0"]])
     assert f"they take {waits[0]:.1f}-{waits[1]:.1f}%" in text
@@ -589,7 +619,7 @@ def test_the_default_results_page_matches_its_tables():
         f"its worker using {others['A-free']:.1f}% of a core"
     ) in text
     assert f"asked for {cost['bound']}" in text
-    assert f"and {cost['verdict']} here" in text
+    assert f"and {cost['verdict']} here, {judged(cost)}:" in text
     fixed = cpu[["B", "C", "D", "A-passive", "A-spin0"]]
     assert (
         f"({fixed.min():.1f} to {fixed.max():.1f} ms, against {cpu['A']:.1f} ms in A)"
@@ -631,7 +661,7 @@ def test_the_real_server_fixes_results_page_matches_its_tables():
     assert (
         f"spends {cpu['A-free']:.1f} ms of CPU per request against "
         f"{cpu['C-free']:.1f} ms ({cost['value']:.2f}x; the claim of "
-        f"{cost['bound']} {cost['verdict']})"
+        f"{cost['bound']} {cost['verdict']}, {judged(cost)})"
     ) in text
     assert (
         f"serves {rps['C-torch']:.2f} req/s with default threads, "
@@ -667,12 +697,7 @@ def test_the_gpu_host_findings_are_the_tables_figures():
     claims = gpu_host_claims()
     ratios = pd.read_csv(GPU_HOST / "tables" / "ratios.csv").set_index("claim")
     fixes = pd.read_csv(GPU_HOST / "tables" / "fixes.csv").set_index("arm")
-    text = flat(
-        section(
-            GPU_HOST / "README.md",
-            "## Verdicts (bounds stated in the config before the run)",
-        )
-    )
+    text = flat(section(GPU_HOST / "README.md", VERDICTS))
     halves = ratios.loc["fan-out-halves-throughput"]
     assert (
         f"(A/C {halves['ratio_of_medians']:.3f}, blocks "
@@ -871,3 +896,74 @@ def test_the_real_server_arms_phases_are_its_published_runs():
         "server_stop",
         "writing",
     ]
+
+
+def test_the_docs_say_what_each_quoted_verdict_is():
+    """docs/engines.md and real-server-on-cpu.md name the published verdicts tests or
+    confirmations as their claims tables do, and quote the failed run before the
+    redesign as the commit its bound_from names holds it."""
+    import subprocess
+    from io import StringIO
+
+    import pandas as pd
+
+    default = pd.read_csv(DEFAULT / "tables" / "claims.csv").set_index("claim")
+    text = flat(section(DOCS / "engines.md", "## What the default run shows"))
+    study = default.loc[["patch-recovers-throughput", "thread-cap-recovers-throughput"]]
+    (tests,) = {each_of(row) for _, row in study.iterrows()}
+    assert f"The patch's and the cap's verdicts are {tests}," in text
+    piloted = default.drop(study.index).drop("fixes-agree")
+    (confirmations,) = {each_of(row) for _, row in piloted.iterrows()}
+    assert f"no-quota pair's are {confirmations}," in text
+
+    fixes = pd.read_csv(FIXES_ON_CPU / "tables" / "claims.csv").set_index("claim")
+    text = flat(
+        section(DOCS / "real-server-on-cpu.md", "## Every fix on the real server")
+    )
+    torch = fixes.index.str.endswith("-keeps-torch-preprocessing")
+    (recovering,) = {each_of(row) for _, row in fixes[~torch].iterrows()}
+    (keeping,) = {each_of(row) for _, row in fixes[torch].iterrows()}
+    assert f"The fixes' verdicts are {recovering} (" in text
+    assert f"the two claims about torch preprocessing are {keeping}," in text
+
+    claims = pd.read_csv(SGLANG_CPU / "tables" / "claims.csv").set_index("claim")
+    text = flat(section(DOCS / "real-server-on-cpu.md", "## What was measured"))
+    every_one = set(claims["judged_as"]) == {"confirmation"}
+    assert ("Each verdict is a confirmation, not a test" in text) == every_one
+    shallow = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--is-shallow-repository"],
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+    if shallow != "false":
+        pytest.skip("the earlier run is in the checkout's git history")
+    patch = claims.loc["patch-recovers-main-process", "bound_from"]
+    address = re.search(r"committed in (\w+):(\S+)$", patch)
+    earlier = subprocess.run(
+        ["git", "-C", str(ROOT), "show", f"{address[1]}:{address[2]}"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    before = pd.read_csv(StringIO(earlier)).set_index("claim")
+    failed = before.loc["patch-recovers-main-process"]
+    bound = failed["bound"].removeprefix("at least ")
+    assert failed["verdict"] == "does not hold"
+    assert (
+        f"its 512 px run failed (C-main/A-main {failed['value']:.2f}x against {bound}, "
+        f"committed in {address[1]})" in text
+    )
+
+
+def test_the_bisect_page_says_what_its_verdict_is():
+    """No table of the bisect is published: the config says where the bound came
+    from."""
+    import yaml
+
+    from serving_study.analysis.claims import SOURCE_WORDS, TESTED_KINDS
+
+    (claim,) = yaml.safe_load((ROOT / "config" / "bisect.yaml").read_text())["claims"]
+    kind = claim["bound_from"]["kind"]
+    judged_as = "test" if kind in TESTED_KINDS else "confirmation"
+    text = flat(section(DOCS / "bisect.md", "## Measured"))
+    assert f"holds, 1.19x: a {judged_as} of a bound from {SOURCE_WORDS[kind]}," in text

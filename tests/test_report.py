@@ -296,6 +296,49 @@ def test_each_figure_and_table_has_its_own_offline_page(built):
     assert "cannot tell" in " ".join(claims_page.text)
 
 
+class TableCells(HTMLParser):
+    """Each row of a page's tables as its cells' text, headers included."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows: list[list[str]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.rows[-1].append("".join(self._cell).strip())
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def test_the_claims_table_says_beside_each_verdict_what_it_is(built):
+    """Beside each verdict: test or confirmation, and where its bound came from."""
+    cells = TableCells()
+    cells.feed((built["figures"] / "table_claims.html").read_text())
+    header, *rows = cells.rows
+    at = header.index("verdict")
+    assert header[at : at + 3] == ["verdict", "test or confirmation", "bound from"]
+    claims = built["tables"]["claims"]
+    assert [row[at : at + 3] for row in rows] == [
+        [claim.verdict, claim.judged_as, claim.bound_from]
+        for claim in claims.itertuples()
+    ]
+    assert {row[at + 1] for row in rows} == {"test", "confirmation"}
+    text = " ".join(parse(built["page"]).text)
+    for claim in claims.itertuples():
+        judged = f"{claim.verdict} here, a {claim.judged_as} of a bound from"
+        assert judged in claim.sentence and claim.sentence in text
+
+
 EARLIER_ATTEMPTS = "Earlier attempts (superseded or failed; never in a median)"
 
 

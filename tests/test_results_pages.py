@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
@@ -102,3 +103,72 @@ def test_every_results_page_names_its_stand_in_model(results):
     text = flat((results / "README.md").read_text())
     named = r"stand-in (model|for the model)|model is a stand-in|by a timed stand-in"
     assert re.search(named, text), results.name
+
+
+PAGES_WITH_CLAIMS = sorted(
+    path.parent.parent for path in RESULTS.glob("*/tables/claims.csv")
+)
+
+
+def experiment_config(results: Path) -> tuple[Path, dict]:
+    """The shipped config whose experiment a results page published, checked."""
+    from serving_study.config.validation import check_config
+
+    (path,) = [
+        path
+        for path in (ROOT / "config").glob("*.yaml")
+        if yaml.safe_load(path.read_text())["experiment"] == results.name
+    ]
+    config = yaml.safe_load(path.read_text())
+    schema = ROOT / "config" / "schema" / "config.schema.yaml"
+    return path, check_config(config, schema, [str(path)], ROOT)
+
+
+@pytest.mark.parametrize("results", PAGES_WITH_CLAIMS, ids=lambda path: path.name)
+def test_a_published_claims_table_is_what_its_runs_and_config_give(results):
+    """The workflow's own aggregation of the committed runs, with the claims (and
+    where each bound came from) of the config as it stands."""
+    from serving_study.analysis.aggregate import aggregate
+
+    _, config = experiment_config(results)
+    metrics = sorted(results.glob("runs/*/run*/metrics.json"))
+    provenance = [path.with_name("provenance.json") for path in metrics]
+    tables = aggregate(metrics, config, provenance_paths=provenance)
+    published = pd.read_csv(results / "tables" / "claims.csv")
+    pd.testing.assert_frame_equal(tables["claims"], published, check_dtype=False)
+
+
+VERDICTS = "\n## Verdicts, and where each bound came from\n"
+
+
+def verdicts_section(results: Path) -> str:
+    """The page's verdicts section, up to its next section of the same level."""
+    text = (results / "README.md").read_text()
+    assert VERDICTS in text, results.name
+    return text.split(VERDICTS, 1)[1].split("\n## ", 1)[0]
+
+
+@pytest.mark.parametrize("results", PAGES_WITH_CLAIMS, ids=lambda path: path.name)
+def test_a_page_shows_each_verdict_with_what_it_is_and_where_its_bound_came_from(
+    results,
+):
+    """One row per claim with its verdict, test or confirmation, and the words that
+    open its bound_from; then each claim's bound_from, whole, in a line naming it."""
+    claims = pd.read_csv(results / "tables" / "claims.csv")
+    section = verdicts_section(results)
+    header, *rows = [
+        [cell.strip() for cell in line.strip().strip("|").split("|")]
+        for line in section.splitlines()
+        if line.startswith("| ") and not line.startswith("|---")
+    ]
+    assert header[-3:] == ["verdict", "test or confirmation", "bound from"]
+    assert len(rows) == len(claims), results.name
+    bullets = [flat(item) for item in section.split("\n- ")[1:]]
+    for claim, row in zip(claims.itertuples(), rows, strict=True):
+        assert row[0].split(" (")[0] == claim.claim, results.name
+        origin = claim.bound_from.split(": ")[0]
+        assert row[-3:] == [claim.verdict, claim.judged_as, origin], claim.claim
+        (bullet,) = [
+            item for item in bullets if re.match(rf"[\w, -]*\b{claim.claim}\b", item)
+        ]
+        assert f": {claim.bound_from}." in bullet, claim.claim

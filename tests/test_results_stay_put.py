@@ -137,6 +137,15 @@ def edit_claim_bound(config):
     config["claims"][0]["tolerance"] = 0.5
 
 
+def edit_where_a_bound_came_from(config):
+    config["claims"][0]["bound_from"] = {
+        "kind": "redesign",
+        "what": "the workload's images made larger",
+        "result": "1.01x, does not hold",
+        "committed": False,
+    }
+
+
 def edit_host_sharing(config):
     config["host_sharing"] = {
         "max_other_load_cores": 2,
@@ -147,8 +156,13 @@ def edit_host_sharing(config):
 
 @pytest.mark.parametrize(
     "edit",
-    [edit_description, edit_claim_bound, edit_host_sharing],
-    ids=["descriptions", "a claim's bound", "host sharing"],
+    [
+        edit_description,
+        edit_claim_bound,
+        edit_where_a_bound_came_from,
+        edit_host_sharing,
+    ],
+    ids=["descriptions", "a claim's bound", "where a bound came from", "host sharing"],
 )
 def test_an_edit_that_changes_no_run_plans_no_run(measured_study, tmp_path, edit):
     jobs = planned_jobs(measured_study, edited_config(tmp_path, edit))

@@ -301,14 +301,12 @@ def too_few_runs(claim: dict, arms: pd.DataFrame) -> str:
 
 
 def describe_source(source: BoundSource) -> str:
-    """ "a pilot: <which>; <its figures> (committed in <commit>:<path>)"."""
-    parts = [f"{SOURCE_WORDS[source.kind]}: {source.what}"]
-    if source.result:
-        parts.append(f"; {source.result}")
+    """ "a pilot: <which>; <its figures>; committed in <commit>:<path>"."""
+    parts = [f"{SOURCE_WORDS[source.kind]}: {source.what}", source.result]
     if source.kind not in TESTED_KINDS:
         where = source.committed
-        parts.append(f" (committed in {where})" if where else " (not committed)")
-    return "".join(parts)
+        parts.append(f"committed in {where}" if where else "not committed")
+    return "; ".join(part for part in parts if part)
 
 
 def _claim_row(claim: dict, bound: str, value: float, reference: float) -> dict:
