@@ -195,7 +195,7 @@ def fault_study_config(
         "experiment": experiment,
         "embedded_engine": {"decode_step_ms": 20},
         "arms": [arm | {"requests": 40, "output_tokens": 32} for arm in arms],
-        "host_sharing": {"max_other_load_cores": 4096},
+        "host_sharing": {"max_other_load_cores": 4096, "max_steal_cores": 4096},
     }
     override = directory / f"{experiment}.yaml"
     override.write_text(yaml.safe_dump(changes))

@@ -313,7 +313,8 @@ def attempt_at(attempts: RunAttempts, metrics: dict, fixture_run: Path) -> None:
     shutil.copyfile(fixture_run / "monitors.json", paths.monitors)
     paths.provenance.write_text(json.dumps(node_record(describe_node())))
     paths.server_log.write_text("served\n")
-    attempts.finish(started, metrics)
+    attempts.keep(started, metrics, waited_for_quiet_s=0)
+    attempts.choose(started, metrics)
 
 
 HOST_LOAD = "the host's other load was 1.6 cores"
@@ -326,12 +327,6 @@ def measured_three_times(study: Path, arm: str, run: int) -> None:
     reasons outside the arm, after which the run keeps the fixture's."""
     directory = study / arm / f"run{run}"
     own = json.loads((directory / "metrics.json").read_text())
-    attempts = RunAttempts(
-        root=study / "attempts" / arm / f"run{run}",
-        outputs=RunPaths.in_directory(directory),
-        listing=directory / "attempts.json",
-        settings_sha256="a" * 64,
-    )
     # Figures far from the run's own: in a median, they would move it.
     superseded = own | {"throughput_rps": 100.0, "main_cpu_percent": 5.0}
     failed = own | {
@@ -340,7 +335,13 @@ def measured_three_times(study: Path, arm: str, run: int) -> None:
         "throughput_rps": 0.01,
         "invalid_reasons": [HOST_LOAD, SERVER_SLOW],
     }
-    for metrics in (superseded, own, failed):
+    for metrics in (superseded, own, failed):  # each by a job of its own
+        attempts = RunAttempts(
+            root=study / "attempts" / arm / f"run{run}",
+            outputs=RunPaths.in_directory(directory),
+            listing=directory / "attempts.json",
+            settings_sha256="a" * 64,
+        )
         attempt_at(attempts, metrics, FIXTURE / "runs" / arm / f"run{run}")
 
 

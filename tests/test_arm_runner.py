@@ -69,7 +69,9 @@ def run_paths(directory: Path) -> RunPaths:
 # These runs prove teardown, failures and secrets, not the host-load check
 # (test_host_load.py proves that): on a busy CI host, other work would make a
 # healthy run invalid, so their runs are not judged by the host's other load.
-SHARING = HostSharing.from_config({"max_other_load_cores": 4096})
+SHARING = HostSharing.from_config(
+    {"max_other_load_cores": 4096, "max_steal_cores": 4096}
+)
 
 
 def run(

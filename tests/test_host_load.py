@@ -9,7 +9,13 @@ import os
 import pytest
 from study_helpers import arm_record
 
-from serving_study.measure.host_load import HostCpu, HostLoadMeter, parse_proc_stat
+from serving_study.config.records import HostSharing
+from serving_study.measure.host_load import (
+    HostCpu,
+    HostLoadMeter,
+    parse_proc_stat,
+    wait_for_quiet_host,
+)
 from serving_study.measure.run_validity import invalid_reasons
 from serving_study.servers.cpu_group import CpuStat
 
@@ -112,3 +118,43 @@ def test_a_quiet_window_or_an_unchecked_one_stays_valid():
     assert reasons(quiet, allowed=0.5) == []
     busy = window(server=8, model=0, runner=1, host_busy=15)
     assert reasons(busy, allowed=None) == []
+
+
+def test_a_window_with_steal_above_its_bound_is_invalid_and_says_so():
+    load = window(server=8, model=0, runner=1, host_busy=11) | {"steal_cores": 0.4}
+    checks = {"max_other_load_cores_allowed": 0.5, "max_steal_cores_allowed": 0.25}
+    [reason] = invalid_reasons(LOG, {"host_load": load}, ARM, checks)
+    assert "other guests 0.40 cores" in reason
+    assert "above the allowed 0.25 (host_sharing.max_steal_cores)" in reason
+
+
+def quiet_after(busy_windows: int, wait_s: float) -> tuple[dict, list[float]]:
+    """Wait for a quiet host that is 1.5 cores busy for ``busy_windows`` windows
+    of 10 s, then idle; return what the wait said and the sleeps it took."""
+    host, clock, sleeps = Counter(1000.0), Counter(0.0), []
+
+    def sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        host.seconds += 1.5 * seconds if len(sleeps) <= busy_windows else 0.0
+        clock.seconds += seconds
+
+    sharing = HostSharing.from_config({"quiet_for_s": 10, "quiet_wait_s": wait_s})
+    quiet = wait_for_quiet_host(
+        sharing,
+        read_host=lambda: HostCpu(busy_seconds=host.seconds, steal_seconds=0.0),
+        clock=lambda: clock.seconds,
+        sleep=sleep,
+    )
+    return quiet, sleeps
+
+
+def test_a_retry_waits_for_a_window_of_quiet():
+    quiet, sleeps = quiet_after(busy_windows=2, wait_s=600)
+    assert quiet["quiet"] and quiet["waited_s"] == pytest.approx(30)
+    assert sleeps == [10, 10, 10]
+
+
+def test_a_host_busy_past_the_wait_is_given_up_on():
+    quiet, sleeps = quiet_after(busy_windows=100, wait_s=25)
+    assert not quiet["quiet"] and len(sleeps) == 3
+    assert quiet["last_window"]["other_cores"] == pytest.approx(1.5, abs=0.05)

@@ -149,6 +149,9 @@ def edit_where_a_bound_came_from(config):
 def edit_host_sharing(config):
     config["host_sharing"] = {
         "max_other_load_cores": 2,
+        "max_steal_cores": 1,
+        "retries": 5,
+        "quiet_for_s": 30,
         "lock": "fail",
         "lock_file": "/run/lock/another-study.lock",
     }

@@ -16,6 +16,7 @@ import psutil
 import pytest
 
 from serving_study.config.records import HostSharing
+from serving_study.measure import run_attempts
 from serving_study.measure.host_sharing import HostBusy, MeasurementLock
 from serving_study.measure.run_attempts import RunAttempts, measure_attempt
 from serving_study.measure.run_outputs import RunPaths
@@ -55,7 +56,8 @@ def measured(paths: RunPaths, figures: dict) -> dict:
 
 def attempt(attempts: RunAttempts, figures: dict) -> dict:
     started = attempts.begin()
-    return attempts.finish(started, measured(started.paths, figures))
+    attempts.keep(started, measured(started.paths, figures), waited_for_quiet_s=0)
+    return attempts.choose(started, figures)
 
 
 def outputs(attempts: RunAttempts) -> dict[str, bytes]:
@@ -199,6 +201,81 @@ def test_an_attempt_measures_in_a_fresh_folder_under_the_hosts_lock(tmp_path):
     assert measure_attempt(attempts, sharing, "a run", measure)["valid"]
     assert seen["folder"].endswith(".partial")
     assert seen["held"] == str(tmp_path / "m.lock")
+
+
+# --- Retries after a busy minute ----------------------------------------------------
+
+
+def retrying(tmp_path, monkeypatch, quiet: bool, retries: int = 2) -> HostSharing:
+    """Settings that retry, with a host that is (or never becomes) quiet at once."""
+    waits = []
+
+    def wait_for_quiet_host(sharing):
+        waits.append(sharing.quiet_for_s)
+        return {"quiet": quiet, "waited_s": 4.5, "last_window": {}}
+
+    monkeypatch.setattr(run_attempts, "wait_for_quiet_host", wait_for_quiet_host)
+    return HostSharing.from_config(
+        {"lock_file": str(tmp_path / "m.lock"), "retries": retries}
+    )
+
+
+def measuring(*figures: dict):
+    """A measure that returns ``figures`` in turn, one per attempt."""
+    queue = list(figures)
+    return lambda paths, lock: measured(paths, queue.pop(0))
+
+
+def tries(attempts: RunAttempts) -> list[tuple[str, bool, float]]:
+    entries = json.loads(attempts.listing.read_text())
+    assert len({entry["job"] for entry in entries}) == 1
+    return [(e["outcome"], e["valid"], e["waited_for_quiet_s"]) for e in entries]
+
+
+def test_a_run_spoiled_by_the_host_is_tried_again_once_the_host_is_quiet(
+    tmp_path, monkeypatch
+):
+    attempts = attempts_of(tmp_path)
+    sharing = retrying(tmp_path, monkeypatch, quiet=True)
+    busy, good = metrics(False, 3.0, outside_the_arm=True), metrics(True, 10.0)
+    published = measure_attempt(attempts, sharing, "a run", measuring(busy, good))
+    assert published["valid"] and published["throughput_rps"] == 10.0
+    assert tries(attempts) == [
+        ("failed outside the arm", False, 0),
+        ("current", True, 4.5),
+    ]
+
+
+def test_retries_end_at_the_configured_count(tmp_path, monkeypatch):
+    attempts = attempts_of(tmp_path)
+    sharing = retrying(tmp_path, monkeypatch, quiet=True, retries=1)
+    busy = metrics(False, 3.0, outside_the_arm=True)
+    published = measure_attempt(
+        attempts, sharing, "a run", measuring(busy, busy, metrics(True, 9.0))
+    )
+    assert not published["valid"]
+    assert [outcome for outcome, _, _ in tries(attempts)] == [
+        "failed outside the arm",
+        "current",
+    ]
+
+
+def test_a_host_that_never_quiets_down_gets_no_more_tries(tmp_path, monkeypatch):
+    attempts = attempts_of(tmp_path)
+    sharing = retrying(tmp_path, monkeypatch, quiet=False)
+    busy = metrics(False, 3.0, outside_the_arm=True)
+    measure_attempt(attempts, sharing, "a run", measuring(busy, metrics(True, 9.0)))
+    assert [outcome for outcome, _, _ in tries(attempts)] == ["current"]
+
+
+def test_a_run_invalid_for_the_arms_own_reasons_is_not_tried_again(
+    tmp_path, monkeypatch
+):
+    attempts = attempts_of(tmp_path)
+    sharing = retrying(tmp_path, monkeypatch, quiet=True)
+    own = metrics(False, 3.0, outside_the_arm=False)
+    measure_attempt(attempts, sharing, "a run", measuring(own, metrics(True, 9.0)))
+    assert tries(attempts) == [("current", False, 0)]
 
 
 # --- A runner whose Snakemake is killed outright ------------------------------------

@@ -10,6 +10,8 @@ import os
 import platform
 import shutil
 import subprocess
+import sys
+import time
 import zipfile
 from html.parser import HTMLParser
 from pathlib import Path
@@ -265,3 +267,79 @@ def test_a_forced_re_measure_on_a_busy_host_keeps_the_run_byte_for_byte(
     assert {path.name: path.read_bytes() for path in run.iterdir()} == before
     log = study / "results/logs/run_arm" / EXPERIMENT / "original/run1.log"
     assert "the run keeps its earlier attempt" in log.read_text()
+
+
+def busy_until(done, hogs: int = 3) -> None:
+    """Keep ``hogs`` processes spinning on the host until ``done()`` is true."""
+    spin = [sys.executable, "-c", "while True: pass"]
+    spinning = [subprocess.Popen(spin) for _ in range(hogs)]
+    try:
+        deadline = time.monotonic() + 600
+        while not done() and time.monotonic() < deadline:
+            time.sleep(0.1)
+    finally:
+        for hog in spinning:
+            hog.kill()
+            hog.wait()
+
+
+def test_a_run_spoiled_by_other_load_is_tried_again_once_the_host_is_quiet(
+    finished_study, tmp_path
+):
+    """Other processes spin through a re-measure's first attempt: it is invalid
+    for the host's load, the job waits for a quiet host and tries again, and the
+    run, its table row and the report say it took two attempts and why."""
+    study = tmp_path / "study"
+    shutil.copytree(finished_study, study, symlinks=True)
+    results = study / "results" / EXPERIMENT
+    attempts = results / "attempts" / "original" / "run1"
+    kept_before = len([p for p in attempts.iterdir() if p.is_dir()])
+    strict = tmp_path / "strict.yaml"
+    strict.write_text(
+        yaml.safe_dump(
+            {
+                "host_sharing": {
+                    "max_other_load_cores": 0.75,
+                    "retries": 4,
+                    "quiet_for_s": 2,
+                    "quiet_wait_s": 300,
+                },
+            }
+        )
+    )
+    forced = subprocess.Popen(
+        snakemake_command(
+            study,
+            "--forcerun",
+            str((results / "original" / "run1" / "metrics.json").relative_to(study)),
+            "--cores",
+            "1",
+            "all",
+            config=(CONFIG, strict),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+    def first_attempt_kept() -> bool:
+        kept = [p for p in attempts.iterdir() if p.is_dir() and p.suffix != ".partial"]
+        return len(kept) > kept_before or forced.poll() is not None
+
+    busy_until(first_attempt_kept)
+    output, _ = forced.communicate(timeout=900)
+    assert forced.returncode == 0, output[-4000:]
+    listing = json.loads((results / "original/run1/attempts.json").read_text())
+    this_job = [entry for entry in listing if entry["job"] == listing[-1]["job"]]
+    # At least the first attempt is spoiled; a loaded host may spoil another.
+    *spoiled, current = this_job
+    assert spoiled and current["outcome"] == "current" and current["valid"]
+    assert {entry["outcome"] for entry in spoiled} == {"failed outside the arm"}
+    assert "other work on the host used" in spoiled[0]["invalid_reasons"][0]
+    assert current["waited_for_quiet_s"] >= 2
+    runs = pd.read_csv(results / "tables" / "runs.csv").set_index("arm")
+    assert runs.loc["original", "attempts"] == len(this_job)
+    assert runs.loc["patched", "attempts"] == 1
+    assert "other work on the host" in runs.loc["original", "retried_because"]
+    assert runs.loc["original", "valid"]
+    assert "retried because" in (results / "report.html").read_text()

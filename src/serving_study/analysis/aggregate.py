@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from serving_study.analysis.attempts import ATTEMPTS_TABLE, attempts_table
+from serving_study.analysis.attempts import ATTEMPTS_TABLE, attempts_table, tries
 from serving_study.analysis.claims import check_claims, claims_table, ratios_table
 from serving_study.analysis.fix_comparison import FIXES_TABLE, fixes_table
 from serving_study.analysis.release_change import (
@@ -107,10 +107,11 @@ def tables_from_metrics(
     """Build the tables from metrics records and, when given, each run's
     attempts.json in the same order (see the module docstring)."""
     check_claims(config)
-    runs = runs_table(records, config)
-    arms = arms_table(runs, config)
     if listings is None:
         listings = [[] for _ in records]
+    tried = [tries(listing) for listing in listings]
+    runs = runs_table([r | t for r, t in zip(records, tried, strict=True)], config)
+    arms = arms_table(runs, config)
     tables = {
         "runs": runs,
         "arms": arms,

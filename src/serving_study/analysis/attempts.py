@@ -2,8 +2,9 @@
 
 Every run lists its attempts in its attempts.json (measure/run_attempts.py). The
 current one is the run: its files are the run's outputs and its figures are in the
-runs table. The others stay on disk under results/<experiment>/attempts/ and are
-listed here, one row each, for the reader; none of them enters a median.
+runs table, beside how many tries the job that made it took and why (``tries``).
+The others stay on disk under results/<experiment>/attempts/ and are listed here,
+one row each, for the reader; none of them enters a median.
 """
 
 import pandas as pd
@@ -46,3 +47,22 @@ def attempts_table(
     table = pd.DataFrame(rows, columns=list(ATTEMPT_COLUMNS))
     table["throughput_rps"] = pd.to_numeric(table["throughput_rps"]).astype(float)
     return in_config_order(table, config)
+
+
+def tries(listing: list[dict]) -> dict:
+    """How many attempts the job that made the run's current attempt took, and
+    the reasons of those that failed; a run listed before attempts named their
+    job took one."""
+    current = next((e for e in listing if e["outcome"] == CURRENT_OUTCOME), {})
+    job = current.get("job")
+    earlier = [
+        entry
+        for entry in listing
+        if job and entry.get("job") == job and entry is not current
+    ]
+    return {
+        "attempts": 1 + len(earlier),
+        "retried_because": " | ".join(
+            "; ".join(entry.get("invalid_reasons") or []) for entry in earlier
+        ),
+    }

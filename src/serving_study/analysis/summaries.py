@@ -39,9 +39,12 @@ def runs_table(records: list[dict], config: dict) -> pd.DataFrame:
         row["environment"] = describe_environment(record.get("environment"))
         row["valid"] = bool(record.get("valid"))
         row["invalid_reasons"] = "; ".join(record.get("invalid_reasons") or [])
+        row["attempts"] = record.get("attempts", 1)
+        row["retried_because"] = record.get("retried_because", "")
         row[NODE_FLAG] = ",".join(record.get(NODE_FLAG) or [])
         rows.append(row | {name: record.get(name) for name in (*RUN_COUNTS, *METRICS)})
-    columns = [*IDENTITY_COLUMNS, "valid", "invalid_reasons", NODE_FLAG]
+    columns = [*IDENTITY_COLUMNS, "valid", "invalid_reasons", "attempts"]
+    columns += ["retried_because", NODE_FLAG]
     columns += [*RUN_COUNTS, *METRICS]
     runs = pd.DataFrame(rows, columns=columns)
     for name in (*RUN_COUNTS, *METRICS):

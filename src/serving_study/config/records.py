@@ -362,6 +362,10 @@ class HostSharing:
     lock_wait_s: float
     lock_file: Path
     max_other_load_cores: float
+    max_steal_cores: float
+    retries: int
+    quiet_for_s: float
+    quiet_wait_s: float
 
     @classmethod
     def from_config(cls, section: Mapping) -> HostSharing:

@@ -164,7 +164,7 @@ def run_arm(
             window,
             server,
             identity,
-            max_other_load_cores=sharing.max_other_load_cores,
+            sharing=sharing,
         )
         # Afterwards too: its request-path stage totals say where the main process
         # spent its time during the run.

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
+from serving_study.config.records import HostSharing
 from serving_study.servers.cpu_group import CpuStat
 
 CLOCK_TICKS_PER_SECOND = os.sysconf("SC_CLK_TCK")
@@ -129,3 +130,28 @@ class HostLoadMeter:
         if self._start is None:
             raise RuntimeError("the meter was never started")
         return other_load(self._start, self.read())
+
+
+def wait_for_quiet_host(
+    sharing: HostSharing,
+    *,
+    read_host: Callable[[], HostCpu] = read_host_cpu,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> dict:
+    """Watch windows of ``quiet_for_s`` until one sees other load and steal
+    within the run's bounds, or ``quiet_wait_s`` has passed; say which, how long
+    it took and what the last window saw."""
+    started = clock()
+    while True:
+        meter = HostLoadMeter([], read_host=read_host, clock=clock)
+        meter.start()
+        sleep(sharing.quiet_for_s)
+        load = meter.stop()
+        quiet = (
+            load["other_cores"] <= sharing.max_other_load_cores
+            and load["steal_cores"] <= sharing.max_steal_cores
+        )
+        waited = round(clock() - started, 3)
+        if quiet or waited >= sharing.quiet_wait_s:
+            return {"quiet": quiet, "waited_s": waited, "last_window": load}

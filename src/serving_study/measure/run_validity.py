@@ -38,8 +38,9 @@ def invalid_reasons(
 def only_outside_the_arm(
     reasons: list[str], monitors: dict | None, checks: dict
 ) -> bool:
-    """Whether the run is invalid only for the host's other load, none of the
-    arm's reasons (run_attempts.py then gives back an earlier valid attempt)."""
+    """Whether the run is invalid only for the host's other load or steal, none
+    of the arm's reasons (run_attempts.py then tries again, or gives back an
+    earlier valid attempt)."""
     return bool(reasons) and set(reasons) <= set(_host_load_reasons(monitors, checks))
 
 
@@ -175,18 +176,28 @@ def _identity_reasons(checks: dict) -> list[str]:
 
 
 def _host_load_reasons(monitors: dict | None, checks: dict) -> list[str]:
-    """Other work on the host took CPU during the window (host_load.py)."""
+    """Other work on the host, or other guests of its hypervisor, took CPU
+    during the window (host_load.py)."""
+    load = (monitors or {}).get("host_load") or {}
+    reasons = []
     allowed = checks.get("max_other_load_cores_allowed")
-    load = (monitors or {}).get("host_load")
-    if allowed is None or not load or load["other_cores"] <= allowed:
-        return []
-    return [
-        f"other work on the host used {load['other_cores']:.2f} cores on average "
-        f"during the measured window (the host was {load['host_busy_cores']:.2f} "
-        f"cores busy, the run itself {load['own_cores']:.2f}), above the allowed "
-        f"{allowed:g} (host_sharing.max_other_load_cores): the run did not have "
-        "the host to itself"
-    ]
+    if allowed is not None and load and load["other_cores"] > allowed:
+        reasons.append(
+            f"other work on the host used {load['other_cores']:.2f} cores on "
+            f"average during the measured window (the host was "
+            f"{load['host_busy_cores']:.2f} cores busy, the run itself "
+            f"{load['own_cores']:.2f}), above the allowed {allowed:g} "
+            "(host_sharing.max_other_load_cores): the run did not have the host "
+            "to itself"
+        )
+    allowed = checks.get("max_steal_cores_allowed")
+    if allowed is not None and load.get("steal_cores", 0) > allowed:
+        reasons.append(
+            f"the hypervisor gave other guests {load['steal_cores']:.2f} cores of "
+            f"this host's CPU time during the measured window (steal), above the "
+            f"allowed {allowed:g} (host_sharing.max_steal_cores)"
+        )
+    return reasons
 
 
 def _same_quota(first: float | None, second: float | None) -> bool:

@@ -12,7 +12,7 @@ import os
 import psutil
 
 from serving_study.config.platform import STARTUP_GC_PAUSE_VARIABLE
-from serving_study.config.records import ClientSettings
+from serving_study.config.records import ClientSettings, HostSharing
 from serving_study.config.secrets import redacted_check
 from serving_study.launch.plan import LaunchPlan
 from serving_study.measure.server_log_facts import (
@@ -43,10 +43,10 @@ def validity_checks(
     window: dict,
     server: LocalServer | ContainerServer,
     identity: dict,
-    max_other_load_cores: float | None = None,
+    sharing: HostSharing | None = None,
 ) -> dict:
     """The facts the run's validity rests on, the running server against its
-    plan; ``max_other_load_cores`` bounds the host's other load during the window
+    plan; ``sharing`` bounds the host's other load and steal during the window
     (None: not checked)."""
     quota = server.group.quota_in_force() if server.group else {}
     # The arm's secrets are expected with the runner's values (what it passed on).
@@ -68,7 +68,8 @@ def validity_checks(
         "server_restarted": bool(window.get("server_pids_changed")),
         "max_dispatch_lag_ms_allowed": client.max_dispatch_lag_ms,
         "warmup_requests": client.warmup_requests,
-        "max_other_load_cores_allowed": max_other_load_cores,
+        "max_other_load_cores_allowed": sharing and sharing.max_other_load_cores,
+        "max_steal_cores_allowed": sharing and sharing.max_steal_cores,
         **identity,
     }
 

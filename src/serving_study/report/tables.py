@@ -150,7 +150,8 @@ def runs_table(tables: dict[str, pd.DataFrame]) -> Table:
     runs = tables["runs"]
     runs = runs.assign(valid=yes_no(runs["valid"]))
     flags = [text(flag) for flag in runs.get(NODE_FLAG, pd.Series(dtype=str))]
-    columns = {"arm": "arm", "run": "run", "valid": "valid"}
+    columns = {"arm": "arm", "run": "run", "valid": "valid", "attempts": "attempts"}
+    columns["retried because"] = "retried_because"
     notes = []
     # Where a run's node differs from host.json: a flag, not a reason to drop it.
     if any(flags):
