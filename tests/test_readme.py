@@ -902,8 +902,6 @@ def test_the_docs_say_what_each_quoted_verdict_is():
     """docs/engines.md and real-server-on-cpu.md name the published verdicts tests or
     confirmations as their claims tables do, and quote the failed run before the
     redesign as the commit its bound_from names holds it."""
-    import subprocess
-    from io import StringIO
 
     import pandas as pd
 
@@ -930,6 +928,23 @@ def test_the_docs_say_what_each_quoted_verdict_is():
     text = flat(section(DOCS / "real-server-on-cpu.md", "## What was measured"))
     every_one = set(claims["judged_as"]) == {"confirmation"}
     assert ("Each verdict is a confirmation, not a test" in text) == every_one
+    commit, failed = run_before_the_redesign(claims.loc["patch-recovers-main-process"])
+    bound = failed["bound"].removeprefix("at least ")
+    assert failed["verdict"] == "does not hold"
+    assert (
+        f"its 512 px run failed (C-main/A-main {failed['value']:.2f}x against {bound}, "
+        f"committed in {commit})" in text
+    )
+
+
+def run_before_the_redesign(claim):
+    """The commit a redesigned claim's bound_from names, and the claim's row in the
+    claims table committed there: the verdict that failed before the redesign."""
+    import subprocess
+    from io import StringIO
+
+    import pandas as pd
+
     shallow = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--is-shallow-repository"],
         capture_output=True,
@@ -937,21 +952,46 @@ def test_the_docs_say_what_each_quoted_verdict_is():
     ).stdout.strip()
     if shallow != "false":
         pytest.skip("the earlier run is in the checkout's git history")
-    patch = claims.loc["patch-recovers-main-process", "bound_from"]
-    address = re.search(r"committed in (\w+):(\S+)$", patch)
+    commit, path = re.search(r"committed in (\w+):(\S+)$", claim["bound_from"]).groups()
     earlier = subprocess.run(
-        ["git", "-C", str(ROOT), "show", f"{address[1]}:{address[2]}"],
+        ["git", "-C", str(ROOT), "show", f"{commit}:{path}"],
         capture_output=True,
         text=True,
         check=True,
     ).stdout
-    before = pd.read_csv(StringIO(earlier)).set_index("claim")
-    failed = before.loc["patch-recovers-main-process"]
-    bound = failed["bound"].removeprefix("at least ")
-    assert failed["verdict"] == "does not hold"
-    assert (
-        f"its 512 px run failed (C-main/A-main {failed['value']:.2f}x against {bound}, "
-        f"committed in {address[1]})" in text
+    return commit, pd.read_csv(StringIO(earlier)).set_index("claim").loc[claim.name]
+
+
+def test_the_pages_say_what_came_before_a_confirmation():
+    """The run before the redesign, as committed; that the fixes' claims are
+    confirmations; and the pilot behind the default page's 1.5x, as its config says."""
+    import pandas as pd
+
+    claims = pd.read_csv(SGLANG_CPU / "tables" / "claims.csv").set_index("claim")
+    design_ii = claims.loc[
+        ["patch-recovers-main-process", "thread-cap-recovers-main-process"]
+    ]
+    assert set(design_ii["judged_as"]) == {"confirmation"}
+    page = flat((SGLANG_CPU / "README.md").read_text())
+    assert "Both claims hold as confirmations" in page
+    _, failed = run_before_the_redesign(design_ii.iloc[0])
+    assert f"gave C-main/A-main {failed['value']:.2f}x against the same bound" in page
+    readme = flat(section(README, "## SGLang's real server on CPU"))
+    assert f"at 512 px it was {failed['value']:.2f}x)" in readme
+
+    fixes = gpu_host_claims().loc[
+        ["passive-wait-recovers-throughput", "no-spin-recovers-throughput"]
+    ]
+    assert set(fixes["judged_as"]) == {"confirmation"}
+    assert "Their claims hold as confirmations" in flat(
+        section(GPU_HOST / "README.md", VERDICTS)
+    )
+
+    default = pd.read_csv(DEFAULT / "tables" / "claims.csv").set_index("claim")
+    pilot = default.loc["original-costs-cpu-without-quota", "bound_from"]
+    assert "used about 8x" in pilot and pilot.endswith("; not committed")
+    assert "a pilot on the H200 (about 8x with 16 threads, not committed;" in flat(
+        (DEFAULT / "README.md").read_text()
     )
 
 
