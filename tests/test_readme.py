@@ -978,6 +978,18 @@ def test_the_pages_say_what_came_before_a_confirmation():
     assert f"gave C-main/A-main {failed['value']:.2f}x against the same bound" in page
     readme = flat(section(README, "## SGLang's real server on CPU"))
     assert f"at 512 px it was {failed['value']:.2f}x)" in readme
+    whole = claims.loc["whole-server-copy-is-not-the-bottleneck"]
+    origin = whole["bound_from"].split(": ")[0]
+    assert f"as the config's claim, set from {origin}, expected" in page
+
+    fixes_on_cpu = pd.read_csv(FIXES_ON_CPU / "tables" / "claims.csv")
+    fixes_page = flat((FIXES_ON_CPU / "README.md").read_text())
+    torch = fixes_on_cpu["claim"].str.endswith("-keeps-torch-preprocessing")
+    (recovering,) = set(fixes_on_cpu[~torch]["judged_as"])
+    assert f"holds in both paired blocks, a {recovering}:" in fixes_page
+    (keeping,) = {judged(row) for _, row in fixes_on_cpu[torch].iterrows()}
+    tests_of = keeping.removeprefix("a ").replace(" of a bound", "s of a bound", 1)
+    assert f"both claims do not hold, {tests_of}," in fixes_page
 
     fixes = gpu_host_claims().loc[
         ["passive-wait-recovers-throughput", "no-spin-recovers-throughput"]
