@@ -29,6 +29,7 @@ include: "rules/model.smk"
 include: "rules/runtime.smk"
 include: "rules/commands.smk"
 include: "rules/benchmarks.smk"
+include: "rules/repeatability.smk"
 
 
 rule all:

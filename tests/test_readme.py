@@ -730,7 +730,7 @@ def test_the_gpu_host_findings_are_the_tables_figures():
     others = arm_figures(GPU_HOST, "throughput_rps").drop("A")
     widest = ((others["max"] - others["min"]) / others["median"]).max()
     assert "others within about 3%" in text and widest < 0.035
-    earlier = GPU_HOST / "earlier-2026-11-30"
+    earlier = GPU_HOST / "sessions" / "2026-11-30" / "tables"
     before = pd.read_csv(earlier / "arms.csv")
     before_a = before[
         (before["arm"] == "A") & (before["metric"] == "throughput_rps")
