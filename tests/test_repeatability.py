@@ -110,6 +110,14 @@ def test_a_session_folder_is_named_by_the_day_it_ran(folder):
     assert folder.name[:10] == day
 
 
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_no_two_sessions_of_a_page_share_a_name(page):
+    """The top level is named by the day its runs began, which a folder under
+    sessions/ must not also be named."""
+    names = [read_session(folder, page).name for folder in session_folders(page)]
+    assert len(names) == len(set(names))
+
+
 def test_a_bound_reads_back_as_every_shipped_config_states_it():
     for path in sorted((ROOT / "config").rglob("*.yaml")):
         if path.parent.name == "schema":

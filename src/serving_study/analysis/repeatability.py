@@ -145,16 +145,12 @@ def claim_figures(session: Session) -> list[dict]:
         arms = [arm.strip() for arm in claim["arms"].split(",")]
         within = claim["kind"] == "within"
         if session.runs is None:
-            known = claim["claim"] in ratios.index
+            known = ratios.loc[claim["claim"]] if claim["claim"] in ratios.index else {}
             figures = {
                 "value": claim["value"],
-                "blocks": ratios.loc[claim["claim"], "paired_blocks"] if known else 0,
-                "block_min": ratios.loc[claim["claim"], "block_ratio_min"]
-                if known
-                else None,
-                "block_max": ratios.loc[claim["claim"], "block_ratio_max"]
-                if known
-                else None,
+                "blocks": known.get("paired_blocks", 0),
+                "block_min": known.get("block_ratio_min"),
+                "block_max": known.get("block_ratio_max"),
                 "verdict": claim["verdict"],
             }
         else:
@@ -211,7 +207,10 @@ def arm_figures(session: Session) -> list[dict]:
     }
     if session.runs is None:
         table = pd.read_csv(session.folder / "tables/arms.csv")
-        table = table.rename(columns={"n_valid": "runs"})
+        pairs = zip(table["arm"], table["metric"], strict=True)
+        table = table[[pair in wanted for pair in pairs]].rename(
+            columns={"n_valid": "runs"}
+        )
     else:
         valid = session.runs[session.runs["valid"]]
         table = pd.DataFrame(
@@ -225,11 +224,7 @@ def arm_figures(session: Session) -> list[dict]:
             for arm, metric in wanted
             for values in [valid.loc[valid["arm"] == arm, metric].dropna()]
         )
-    keep = [
-        (arm, metric) in wanted
-        for arm, metric in zip(table["arm"], table["metric"], strict=True)
-    ]
-    table = table[keep].assign(session=session.name)
+    table = table.assign(session=session.name)
     return table[["arm", "metric", "session", "runs", "median", "min", "max"]].to_dict(
         "records"
     )
