@@ -15,6 +15,7 @@ rule launch_plan:
         plan="results/{experiment}/commands/{arm}.json",
     log:
         "results/logs/launch_plan/{experiment}/{arm}.log",
+    priority: PREPARATION_PRIORITY
     localrule: True
     conda:
         "../envs/workflow.yaml"
