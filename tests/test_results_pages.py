@@ -216,3 +216,22 @@ def test_a_page_shows_each_verdict_with_what_it_is_and_where_its_bound_came_from
             item for item in bullets if re.match(rf"[\w, -]*\b{claim.claim}\b", item)
         ]
         assert f": {claim.bound_from}." in bullet, claim.claim
+
+
+ORDINALS = {1: "first", 2: "second", 3: "third", 4: "fourth", 5: "fifth"}
+
+
+@pytest.mark.parametrize("results", PAGES_WITH_RUNS, ids=lambda path: path.name)
+def test_a_page_names_each_run_that_took_more_than_one_attempt(results):
+    """As tables/runs.csv counts them (pages measured before runs counted their
+    attempts have no such column)."""
+    runs = pd.read_csv(results / "tables" / "runs.csv")
+    if "attempts" not in runs:
+        pytest.skip("measured before runs counted their attempts")
+    text = flat((results / "README.md").read_text())
+    retried = runs[runs["attempts"] > 1]
+    if retried.empty:
+        assert "each at its first attempt" in text
+    for run in retried.itertuples():
+        said = f"{run.arm}'s {ORDINALS[run.run]} run at its {ORDINALS[run.attempts]}"
+        assert f"{said} attempt" in text, results.name
