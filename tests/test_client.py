@@ -19,6 +19,7 @@ from aiohttp import web
 from PIL import Image
 
 from serving_study.measure.chat_requests import ChatRequest, load_requests
+from serving_study.measure.chat_stream import CARRIES_TOKEN, _has_token
 from serving_study.measure.client import run_load
 from serving_study.measure.server_queries import ServerNeverHealthy, wait_until_healthy
 
@@ -195,6 +196,9 @@ def test_closed_loop_logs_every_request_and_never_exceeds_concurrency(tmp_path):
         assert record["first_token_s"] < record["end_s"]
         assert 0 < record["ttft_ms"] < record["e2e_ms"]
         assert record["dispatch_lag_ms"] >= 0
+        # One gap between each two of the four token chunks, within the stream.
+        assert len(record["itl_ms"]) == 3 and min(record["itl_ms"]) >= 0
+        assert sum(record["itl_ms"]) <= record["e2e_ms"] - record["ttft_ms"]
     # Closed loop: every request after the first three waits for a slot to free.
     ends = sorted(r["end_s"] for r in records)
     for record in records[3:]:
@@ -278,6 +282,7 @@ def test_tokens_are_counted_when_the_server_sends_no_usage(tmp_path):
         )
     )
     assert [r["output_tokens"] for r in read_log(out_path)] == [6, 6]
+    assert [len(r["itl_ms"]) for r in read_log(out_path)] == [5, 5]
 
 
 def test_chat_request_body_is_valid_json_for_any_model_name():
@@ -339,3 +344,25 @@ def test_wait_until_healthy_reports_an_exited_process():
 def test_wait_until_healthy_times_out_with_the_last_answer():
     with pytest.raises(ServerNeverHealthy, match="within 0.3 s.*ConnectionError"):
         wait_until_healthy(f"http://127.0.0.1:{unused_port()}", 0.3, poll_s=0.05)
+
+
+@pytest.mark.parametrize(
+    "delta",
+    [
+        {"content": "t1 "},
+        {"content": ""},
+        {"content": None},
+        {"role": "assistant"},
+        {"reasoning_content": "hm"},
+        {"content": None, "reasoning_content": ""},
+        {"content": 'say "content": "x"'},
+    ],
+)
+@pytest.mark.parametrize("separators", [(", ", ": "), (",", ":")])
+def test_a_chunk_is_told_to_carry_a_token_from_its_bytes_as_from_its_json(
+    delta, separators
+):
+    """The chunks after the first token are timed without decoding them."""
+    chunk = {"choices": [{"index": 0, "delta": delta}]}
+    payload = json.dumps(chunk, separators=separators).encode()
+    assert bool(CARRIES_TOKEN.search(payload)) == _has_token(chunk)

@@ -12,6 +12,7 @@ from serving_study.config.records import Arm
 from serving_study.measure.request_log import read_request_log
 from serving_study.measure.run_metrics import (
     failed_run_metrics,
+    request_figures,
     run_number_from_directory,
     summarize_run,
 )
@@ -115,6 +116,44 @@ def test_the_hosts_other_load_and_steal_become_run_figures(tmp_path):
     # Reported, not judged: a hypervisor's steal does not make the run invalid.
     assert metrics["valid"] is True
     assert summarize_fixture("original", 1)["host_steal_cores"] is None
+
+
+def streamed(ttft_ms: float, e2e_ms: float, itl_ms: list[float]) -> dict:
+    """A completed measured request whose stream had len(itl_ms) + 1 token chunks."""
+    return {
+        "phase": "measured",
+        "status": 200,
+        "error": None,
+        "sent_s": 0.0,
+        "end_s": e2e_ms / 1000,
+        "ttft_ms": ttft_ms,
+        "e2e_ms": e2e_ms,
+        "output_tokens": len(itl_ms) + 1,
+        "itl_ms": itl_ms,
+    }
+
+
+def test_tpot_and_itl_are_bench_servings():
+    """TPOT: (e2e - TTFT) / (output tokens - 1) per request with more than one
+    token; ITL: every gap between token chunks of every request."""
+    figures = request_figures(
+        [
+            streamed(100, 400, [50, 100, 150]),  # TPOT 100 ms
+            streamed(200, 500, [300]),  # TPOT 300 ms
+            streamed(50, 60, []),  # one token: no TPOT, no gap
+        ]
+    )
+    assert figures["tpot_p50_ms"] == pytest.approx(200)
+    assert figures["tpot_p90_ms"] == pytest.approx(280)
+    assert figures["tpot_p99_ms"] == pytest.approx(298)
+    assert figures["itl_p50_ms"] == pytest.approx(125)
+    assert figures["itl_p99_ms"] == pytest.approx(295.5)
+
+
+def test_a_log_without_chunk_times_has_tpot_but_no_itl():
+    figures = request_figures([streamed(100, 400, [50, 100, 150]) | {"itl_ms": None}])
+    assert figures["tpot_p50_ms"] == pytest.approx(100)
+    assert figures["itl_p50_ms"] is None
 
 
 def test_warmup_request_stays_out_of_the_window():

@@ -26,6 +26,13 @@ METRICS: dict[str, Metric] = {
     "ttft_p90_ms": Metric("TTFT p90", "ms"),
     "ttft_p99_ms": Metric("TTFT p99", "ms"),
     "e2e_p50_ms": Metric("end-to-end latency p50", "ms"),
+    # Per output token, as SGLang's bench_serving defines them (run_metrics.py).
+    "tpot_p50_ms": Metric("TPOT p50", "ms"),
+    "tpot_p90_ms": Metric("TPOT p90", "ms"),
+    "tpot_p99_ms": Metric("TPOT p99", "ms"),
+    "itl_p50_ms": Metric("ITL p50", "ms"),
+    "itl_p90_ms": Metric("ITL p90", "ms"),
+    "itl_p99_ms": Metric("ITL p99", "ms"),
     "main_cpu_percent": Metric("main-process CPU", "%"),
     "scheduler_cpu_percent": Metric("scheduler CPU", "%"),
     "cores_used": Metric("cgroup cores used", "cores"),

@@ -11,6 +11,7 @@ Per request it writes one JSON line:
     scheduled_s, sent_s, first_token_s, end_s   seconds since the summary's t0
     dispatch_lag_ms   sent minus scheduled (the client falling behind)
     ttft_ms, e2e_ms   from sent_s to the first non-empty token / the end
+    itl_ms            the gaps between consecutive chunks that carry tokens
     output_tokens     from the stream's usage chunk, else counted token chunks
     status, error     HTTP status (null if none came) and what went wrong (or null)
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 import json
 import sys
 import time
@@ -138,6 +140,10 @@ async def run_load(
             "dispatch_lag_ms": _milliseconds(sent_at, scheduled_at),
             "ttft_ms": _milliseconds(outcome.first_token_at, sent_at),
             "e2e_ms": _milliseconds(ended_at, sent_at),
+            "itl_ms": [
+                _milliseconds(later, earlier)
+                for earlier, later in itertools.pairwise(outcome.token_chunk_times)
+            ],
             "output_tokens": outcome.output_tokens,
             "status": outcome.status,
             "error": outcome.error,

@@ -101,6 +101,14 @@ def request_figures(records: list[dict]) -> dict:
     output_tokens = sum(record.get("output_tokens") or 0 for record in done)
     lags = values_of(measured_records, "dispatch_lag_ms")
     ttfts = values_of(done, "ttft_ms")
+    # As bench_serving defines them: a request's time per output token after the
+    # first, and every gap between token chunks of every request.
+    tpots = [
+        (record["e2e_ms"] - record["ttft_ms"]) / (record["output_tokens"] - 1)
+        for record in done
+        if (record.get("output_tokens") or 0) > 1 and record.get("ttft_ms") is not None
+    ]
+    itls = [gap for record in done for gap in record.get("itl_ms") or ()]
     return {
         "requests_measured": len(measured_records),
         "requests_completed": len(done),
@@ -113,6 +121,8 @@ def request_figures(records: list[dict]) -> dict:
         "ttft_p90_ms": percentile(ttfts, 90),
         "ttft_p99_ms": percentile(ttfts, 99),
         "e2e_p50_ms": percentile(values_of(done, "e2e_ms"), 50),
+        **{f"tpot_p{q}_ms": percentile(tpots, q) for q in (50, 90, 99)},
+        **{f"itl_p{q}_ms": percentile(itls, q) for q in (50, 90, 99)},
         "dispatch_lag_p99_ms": percentile(lags, 99),
         "dispatch_lag_max_ms": max(lags) if lags else None,
     }
