@@ -34,6 +34,7 @@ MEASURING_RULES = {
     "measure_harness",
     "bisect_commits",
     "map_block",
+    "spin_throttle",
 }
 # Every rule that asks for a whole node; an image build measures nothing.
 WHOLE_NODE_RULES = MEASURING_RULES | {"build_image"}
