@@ -18,7 +18,7 @@ import psutil
 import pytest
 from study_helpers import embedded_arm, embedded_run_settings
 
-from serving_study.config.records import Variant
+from serving_study.config.records import HostSharing, Variant
 from serving_study.measure.chat_requests import load_requests
 from serving_study.measure.request_log import read_request_log
 from serving_study.servers.cgroups import project_group_directories
@@ -421,6 +421,10 @@ def test_a_real_arm_is_split_into_its_phases(variants, tmp_path_factory, tmp_pat
         variant=Variant.from_identity(variants["original"]),
         workload_manifest=workload / "manifest.json",
         out_dir=tmp_path,
+        # Only the phases are in question, not what else the host did meanwhile.
+        sharing=HostSharing.from_config(
+            {"max_other_load_cores": 4096, "max_steal_cores": 4096}
+        ),
         **embedded_run_settings(
             decode_step_ms=5, warmup_requests=4, health_timeout_s=120
         ),
