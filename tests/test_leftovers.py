@@ -320,15 +320,23 @@ def test_a_runtime_that_does_not_answer_is_a_problem_not_an_error(tmp_path):
 WATCHED = """
 import sys, time
 from serving_study.servers.container_watchdog import watch
-watchdog = watch(sys.argv[1], "container-under-watch")
+watchdog = watch(sys.argv[1], "container-under-watch", sys.argv[2])
 print(watchdog.pid, flush=True)
 time.sleep(600)
+"""
+
+# Refuses the first two removals, as a daemon busy with the container would.
+REFUSING_RUNTIME = """#!/bin/sh
+echo "$@" >> "{calls}"
+[ "$(wc -l < "{calls}")" -le 2 ] || exit 0
+echo "Error response from daemon: removal of container $6 is already in progress" >&2
+exit 1
 """
 
 
 def test_the_watchdog_removes_the_container_when_its_runner_is_killed(tmp_path):
     runtime, calls = fake_runtime(tmp_path, 1, 1)
-    runner, watchdog_pid = started_parent(WATCHED, runtime)
+    runner, watchdog_pid = started_parent(WATCHED, runtime, str(tmp_path / "log"))
     try:
         time.sleep(0.5)
         assert not calls.exists(), "the watchdog acts only once the runner is gone"
@@ -343,11 +351,35 @@ def test_the_watchdog_removes_the_container_when_its_runner_is_killed(tmp_path):
             kill(runner)
 
 
+def test_a_watchdog_refused_removes_again_and_logs_each_refusal(tmp_path):
+    calls = tmp_path / "calls.txt"
+    runtime = tmp_path / "refusing-docker"
+    runtime.write_text(REFUSING_RUNTIME.format(calls=calls))
+    runtime.chmod(0o755)
+    log = tmp_path / "server.log"
+    runner, watchdog_pid = started_parent(WATCHED, str(runtime), str(log))
+    try:
+        kill(runner)
+        assert wait_until(lambda: calls.exists() and len(lines(calls)) == 3, 30)
+        assert set(lines(calls)) == {"rm --force --volumes -- container-under-watch"}
+        refusals = lines(log)
+        assert len(refusals) == 2
+        assert all("already in progress" in refusal for refusal in refusals)
+        assert wait_until(lambda: not alive(int(watchdog_pid)))
+    finally:
+        if runner.poll() is None:
+            kill(runner)
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text().splitlines()
+
+
 def test_a_watchdog_stopped_by_its_runner_removes_nothing(tmp_path):
     from serving_study.servers.container_watchdog import stop, watch
 
     runtime, calls = fake_runtime(tmp_path, 1, 1)
-    watchdog = watch(runtime, "container-under-watch")
+    watchdog = watch(runtime, "container-under-watch", tmp_path / "log")
     stop(watchdog)
     assert watchdog.returncode == -signal.SIGKILL
     assert not calls.exists()

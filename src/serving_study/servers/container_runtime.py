@@ -137,7 +137,9 @@ class ContainerServer:
         self.container_id = finished.stdout.strip().splitlines()[-1]
         try:
             # Removes the container should this runner be killed outright.
-            self._watchdog = container_watchdog.watch(self.runtime, self.container_id)
+            self._watchdog = container_watchdog.watch(
+                self.runtime, self.container_id, self.log_path
+            )
             self._watch_started_container()
         except BaseException:
             self.stop()  # started, never handed over: leave nothing behind
