@@ -128,6 +128,10 @@ rule report_html:
         map_tables=map_table_files(),
         host="results/{experiment}/host.json",
         variants=variant_identity_files(),
+        # Every run's: the report draws one run per arm over time, chosen from
+        # the runs table (analysis/run_timelines.py).
+        requests=run_files("requests.jsonl"),
+        monitors=run_files("monitors.json"),
     output:
         **RELEASE_REPORT_ITEMS,
         **MAP_REPORT_ITEMS,
@@ -152,6 +156,13 @@ rule report_html:
             category="{experiment}",
             subcategory="Figures",
             labels={"item": "Figure 4: arms side by side"},
+        ),
+        run_timelines=report(
+            "results/{experiment}/figures/run_timelines.html",
+            caption="../report/run_timelines.rst",
+            category="{experiment}",
+            subcategory="Figures",
+            labels={"item": "one run per arm over time"},
         ),
         arms_table=report(
             "results/{experiment}/figures/table_arms.html",

@@ -121,6 +121,12 @@ def run_provenance_files():
     return [f"{run_directory(arm, run)}/provenance.json" for arm, run in arm_runs()]
 
 
+def run_files(name):
+    """Every run's file ``name`` (requests.jsonl, monitors.json), in
+    run_metrics_files' order."""
+    return [f"{run_directory(arm, run)}/{name}" for arm, run in arm_runs()]
+
+
 # Everything an arm needs is made before the first arm runs. The run_arm
 # priorities put the measurement in shuffled blocks (arm_order.py), but Snakemake
 # runs the highest-priority job that is ready: a preparation job left at priority

@@ -8,6 +8,7 @@ and Snakemake's own report. Needs root for the cgroup quota.
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -201,6 +202,32 @@ def test_the_report_page_states_each_claims_verdict_from_the_tables(finished_stu
     css = "holds" if holds else "does-not-hold"
     assert page.items == [(css, f"{claim['sentence']}.")]
     assert 'src="http' not in html
+
+
+def test_the_report_draws_each_arms_run_over_time(finished_study):
+    """Each arm's one valid run over its measured window: its 12 requests' TTFT,
+    and main-process CPU and throttled share where the arm has a quota."""
+    results = finished_study / "results" / EXPERIMENT
+    html = (results / "report.html").read_text()
+    found = re.search(r'data-chart="chart-run_timelines">(.*?)</script>', html, re.S)
+    spec = json.loads(found[1])
+    assert (results / "figures" / "run_timelines.html").is_file()
+    runs = pd.read_csv(results / "tables" / "runs.csv").set_index("arm")
+    cells = [cell for row in spec["vconcat"] for cell in row["hconcat"]]
+    drawn = {cell["title"]: cell["vconcat"] for cell in cells if "title" in cell}
+    assert list(drawn) == [
+        f"{arm} ({arm}): run 1: {runs.loc[arm, 'throughput_rps']:.3g} req/s, "
+        "the median of 1 valid run"
+        for arm in ("original", "patched")
+    ]
+    for arm, panels in zip(("original", "patched"), drawn.values(), strict=True):
+        ttft, cpu, throttled = (spec["datasets"][p["data"]["name"]] for p in panels)
+        assert len(ttft) == 12 and all(point["value"] > 0 for point in ttft)
+        assert cpu and all(point["value"] >= 0 for point in cpu)
+        if arm == "patched":  # no quota
+            assert throttled == [{"text": "throttled share: no CPU quota"}]
+        else:
+            assert throttled and all(0 <= p["value"] <= 1 for p in throttled)
 
 
 def test_nothing_left_to_do_and_snakemake_report_builds(finished_study):

@@ -7,10 +7,12 @@ import pandas as pd
 
 from serving_study.analysis.aggregate import MAP_CONTRAST_TABLE, MAP_TABLE
 from serving_study.analysis.fix_comparison import FIXES_TABLE, fixes_chart_spec
+from serving_study.analysis.run_timelines import REPRESENTATIVE_RUNS, RUN_TIMELINES
 from serving_study.report.arm_charts import arm_comparison, throughput_vs_concurrency
 from serving_study.report.map_chart import thread_quota_map
 from serving_study.report.release_chart import release_series
 from serving_study.report.releases import is_release_series
+from serving_study.report.run_timeline_chart import run_timelines_chart
 from serving_study.report.settings import ReportSettings
 
 
@@ -30,4 +32,8 @@ def chart_specs(
         )
     if FIXES_TABLE in tables:
         specs["which_fix"] = fixes_chart_spec(tables[FIXES_TABLE])
+    if RUN_TIMELINES in tables:
+        specs["run_timelines"] = run_timelines_chart(
+            tables[REPRESENTATIVE_RUNS], tables[RUN_TIMELINES], settings.arms
+        )
     return specs

@@ -11,6 +11,7 @@ FIGURE_TITLES = {
     "release_series": "Releases in order: throughput and main-process CPU",
     "thread_quota_map": "Throughput over intra-op threads and CPU quota",
     "which_fix": "Which fix: throughput under the quota, by fix",
+    "run_timelines": "One run per arm over time: TTFT, main-process CPU, throttling",
 }
 
 FIGURE_CAPTIONS = {
@@ -37,6 +38,18 @@ FIGURE_CAPTIONS = {
         "original copy with default intra-op threads) and each fix, labelled with "
         "its ratio to the trap. What each fix costs is in the table beside it."
     ),
+    "run_timelines": (
+        "Per arm, its representative run: the valid run whose throughput is the "
+        "median of the arm's valid runs (with an even count, the one nearest the "
+        "median; an arm without a valid run has none). Each cell's title names "
+        "the run. Arms that differ only in their variant share a row, one column "
+        "per variant, on one time axis: seconds since the measured window opened, "
+        "just before the first measured request was sent. Top: each measured "
+        "request's time to first token at its send time. Middle: the main "
+        "process's CPU (100% is one core). Bottom: the share of the quota "
+        "cgroup's CPU periods that were throttled. Both come from the monitors' "
+        "10 Hz series averaged over 0.5 s bins, to keep the page small."
+    ),
     "thread_quota_map": (
         "Median throughput over the map's blocks: intra-op threads of the main "
         "process (forced with torch.set_num_threads) across, the server's CPU "
@@ -61,4 +74,6 @@ def shown_figures(specs: dict[str, dict], arms: Sequence[Arm]) -> dict[str, dict
         shown.append("thread_quota_map")
     if "which_fix" in specs:
         shown.append("which_fix")
+    if "run_timelines" in specs:
+        shown.append("run_timelines")
     return {name: specs[name] for name in shown}
