@@ -29,9 +29,11 @@ from serving_study.files import file_sha256, staged_directory, write_json
 # equal).
 FORMATS = {"png": "png", "jpeg": "jpg"}
 
-# Keeps the prompt's random stream apart from the images' (seed, 0, index) streams.
+# Keeps the prompt's random stream and the requests' arrival times
+# (measure/arrivals.py) apart from the images' (seed, 0, index) streams.
 IMAGE_STREAM = 0
 PROMPT_STREAM = 1
+ARRIVAL_STREAM = 2
 
 # Common English words, each one token with a leading space in Qwen-style tokenizers.
 PROMPT_WORDS = (

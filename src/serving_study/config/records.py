@@ -20,6 +20,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from serving_study.config.open_loop import (
+    OPEN_LOOP_KEYS,
+    describe_load,
+    open_loop_values,
+)
 from serving_study.config.platform import resolve_device
 from serving_study.config.schema import property_schema
 
@@ -120,6 +125,8 @@ class Arm:
 
     How many runs it gets is the workflow's business, not a run's, so ``runs``
     (and the free-text ``description``) are not part of it.
+    ``request_rate`` and ``burstiness`` make an open loop (open_loop.py), at
+    most ``concurrency`` in flight; both are None in a closed loop.
     """
 
     name: str
@@ -132,6 +139,8 @@ class Arm:
     environment: Mapping[str, str]
     secret_environment: tuple[str, ...]
     concurrency: int
+    request_rate: float | None
+    burstiness: float | None
     requests: int
     output_tokens: int
     intra_op_threads: int | None
@@ -139,10 +148,12 @@ class Arm:
 
     @classmethod
     def from_config(cls, section: Mapping) -> Arm:
-        values = config_values(section, _field_names(cls), "arms")
+        names = [name for name in _field_names(cls) if name not in OPEN_LOOP_KEYS]
+        values = config_values(section, names, "arms")
         threads = values["intra_op_threads"]
         return cls(
             **_plain_fields(cls, values),
+            **open_loop_values(section),
             cpu_quota=quota_cores(values["cpu_quota"]),
             environment={
                 str(name): str(value) for name, value in values["environment"].items()
@@ -153,12 +164,20 @@ class Arm:
         )
 
     def as_config(self) -> dict:
-        return dataclasses.asdict(self) | {
+        config = dataclasses.asdict(self) | {
             "cpu_quota": quota_value(self.cpu_quota),
             "environment": dict(self.environment),
             "secret_environment": list(self.secret_environment),
             "server_args": list(self.server_args),
         }
+        if self.request_rate is None:
+            for name in OPEN_LOOP_KEYS:
+                del config[name]
+        return config
+
+    @property
+    def load(self) -> str:
+        return describe_load(self.concurrency, self.request_rate, self.burstiness)
 
 
 @dataclass(frozen=True)

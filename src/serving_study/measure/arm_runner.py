@@ -150,6 +150,7 @@ def run_arm(
             client,
             monitors,
             paths,
+            block=run,
         )
         if server.exit_code() is not None:
             raise ArmFailed(

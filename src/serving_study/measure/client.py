@@ -1,13 +1,18 @@
-"""The load client: closed-loop streaming chat requests with one image each.
+"""The load client: streaming chat requests with one image each, in a closed or
+an open loop.
 
 `run_load` turns the workload's requests (chat_requests.py) into complete request
-bodies before the clock starts, then keeps exactly `concurrency` streaming requests
-(chat_stream.py) in flight: warm-up requests first, then the measured ones, with no
-pause between them so the server stays at the same load. Requests go over
-kept-alive HTTP/1.1 connections, one per slot (`http1.py`).
+bodies before the clock starts, then sends them as streaming requests
+(chat_stream.py): warm-up requests first, then the measured ones, with no pause
+between them so the server stays at the same load. In a closed loop (the default)
+exactly `concurrency` are in flight; in an open loop each is sent at its arrival
+time (arrivals.py), or, when `concurrency` requests are in flight then, as soon as
+one of them ends. Requests go over kept-alive HTTP/1.1 connections, one per slot
+(`http1.py`).
 
 Per request it writes one JSON line:
     index, phase ("warmup"|"measured"), image_file,
+    arrival_s         its arrival time in an open loop (null in a closed loop)
     scheduled_s, sent_s, first_token_s, end_s   seconds since the summary's t0
     dispatch_lag_ms   sent minus scheduled (the client falling behind)
     ttft_ms, e2e_ms   from sent_s to the first non-empty token / the end
@@ -15,8 +20,10 @@ Per request it writes one JSON line:
     output_tokens     from the stream's usage chunk, else counted token chunks
     status, error     HTTP status (null if none came) and what went wrong (or null)
 
-In a closed loop a request is scheduled when the one before it in its slot ends, so
-dispatch lag measures how long the client's event loop took to send the next one.
+In a closed loop a request is scheduled when the one before it in its slot ends; in
+an open loop at its arrival, or when a slot frees if none was free then (the wait
+for a slot, scheduled minus arrival, is the server's backlog and not the client's).
+Either way dispatch lag measures how long the client's event loop took to send it.
 """
 
 from __future__ import annotations
@@ -25,15 +32,16 @@ import asyncio
 import collections
 import itertools
 import json
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from serving_study.measure import http1
+from serving_study.measure.arrivals import ArrivalSchedule
 from serving_study.measure.chat_requests import JSON, ChatRequest
 from serving_study.measure.chat_stream import StreamOutcome, stream_chat
+from serving_study.measure.progress import ProgressLine, progress_terminal
 
 LOOP_LAG_TICK_S = 0.02
 PROGRESS_EVERY_S = 0.5
@@ -46,6 +54,7 @@ class LoadSummary:
     t0_monotonic: float
     t0_epoch: float
     concurrency: int
+    arrivals: dict | None  # an open loop's schedule (ArrivalSchedule.record)
     warmup_requests: int
     measured_requests: int
     measured_start_s: float | None  # first measured send
@@ -67,7 +76,6 @@ class LoadSummary:
 class _Progress:
     total: int
     done: int = 0
-    ok: int = 0
     errors: int = 0
     in_flight: int = 0
     max_loop_lag: float = 0.0
@@ -85,13 +93,17 @@ async def run_load(
     out_path: Path,
     progress: bool,
     request_timeout_s: float,
+    arrivals: ArrivalSchedule | None = None,
     on_measured_start: Callable[[], None] | None = None,
     on_measured_end: Callable[[], None] | None = None,
 ) -> LoadSummary:
-    """Run warm-up then measured requests, `concurrency` in flight; log to out_path.
+    """Run warm-up then measured requests, `concurrency` in flight (at most, with
+    `arrivals`: an open loop); log to out_path.
 
     Request i uses requests[i % len(requests)]; warm-up requests take the first
-    indices. `request_timeout_s` bounds one request from send to its last byte (it
+    indices, and arrival times, when given, are one per request in that order.
+    `progress` draws a line on the user's terminal, if any (progress.py).
+    `request_timeout_s` bounds one request from send to its last byte (it
     exists to end a hung run, not to cut slow tails). `on_measured_start` is called
     on the event loop just before the first measured request is sent and
     `on_measured_end` after the last one ends (e.g. to open and close the monitors'
@@ -102,6 +114,10 @@ async def run_load(
     if not requests:
         raise ValueError("No requests to send: the workload is empty.")
     total = warmup_requests + measured_requests
+    if arrivals is not None and len(arrivals.times_s) != total:
+        raise ValueError(
+            f"{len(arrivals.times_s)} arrival times for {total} requests: one each."
+        )
     endpoint = http1.Endpoint.from_url(base_url.rstrip("/") + "/v1/chat/completions")
     bodies = [r.body(model=model, output_tokens=output_tokens) for r in requests]
     prepared = [http1.prepare_post(endpoint, body, JSON) for body in bodies]
@@ -110,7 +126,8 @@ async def run_load(
 
     connections = http1.Connections(endpoint)
     free_slots = asyncio.Semaphore(concurrency)
-    show_progress = progress and sys.stderr.isatty()
+    terminal = progress_terminal() if progress else None
+    line = ProgressLine(total, warmup_requests, terminal)
     cpu_started = time.process_time()
     t0 = time.monotonic()
     t0_epoch = time.time()
@@ -118,6 +135,9 @@ async def run_load(
 
     def since_t0(moment: float | None) -> float | None:
         return None if moment is None else round(moment - t0, 6)
+
+    def arrival_at(index: int) -> float | None:
+        return None if arrivals is None else t0 + arrivals.times_s[index]
 
     async def one_request(index: int, scheduled_at: float) -> None:
         state.in_flight += 1
@@ -133,6 +153,7 @@ async def run_load(
             "index": index,
             "phase": "warmup" if index < warmup_requests else "measured",
             "image_file": requests[index % len(requests)].image_file,
+            "arrival_s": since_t0(arrival_at(index)),
             "scheduled_s": since_t0(scheduled_at),
             "sent_s": since_t0(sent_at),
             "first_token_s": since_t0(outcome.first_token_at),
@@ -150,9 +171,7 @@ async def run_load(
         }
         state.in_flight -= 1
         state.done += 1
-        if outcome.error is None:
-            state.ok += 1
-        else:
+        if outcome.error is not None:
             state.errors += 1
         slot_freed_at.append(ended_at)
         free_slots.release()
@@ -165,18 +184,24 @@ async def run_load(
             await asyncio.sleep(LOOP_LAG_TICK_S)
             now = time.monotonic()
             state.max_loop_lag = max(state.max_loop_lag, now - due)
-            if show_progress and now - last_drawn >= PROGRESS_EVERY_S:
-                _draw_progress(state, warmup_requests)
+            if now - last_drawn >= PROGRESS_EVERY_S:
+                line.show(state.done, state.errors, state.in_flight)
                 last_drawn = now
 
     watcher = asyncio.create_task(watch_loop())
     tasks: set[asyncio.Task] = set()
     try:
         for index in range(total):
+            arrival = arrival_at(index)
+            if arrival is not None:
+                await asyncio.sleep(arrival - time.monotonic())
             await free_slots.acquire()
             if index == warmup_requests and on_measured_start is not None:
                 on_measured_start()
+            # Due when its slot freed, and in an open loop not before it arrived.
             scheduled_at = slot_freed_at.popleft()
+            if arrival is not None:
+                scheduled_at = max(scheduled_at, arrival)
             task = asyncio.create_task(one_request(index, scheduled_at))
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -191,14 +216,13 @@ async def run_load(
         await asyncio.gather(watcher, *tasks, return_exceptions=True)
         connections.close()
         _write_records(out_path, records)
-        if show_progress:
-            _draw_progress(state, warmup_requests)
-            print(file=sys.stderr)
+        line.close()
 
     return LoadSummary(
         t0_monotonic=t0,
         t0_epoch=t0_epoch,
         concurrency=concurrency,
+        arrivals=None if arrivals is None else arrivals.record(),
         warmup_requests=warmup_requests,
         measured_requests=measured_requests,
         **_outcomes([record for record in records if record is not None]),
@@ -217,17 +241,6 @@ def _write_records(out_path: Path, records: list[dict | None]) -> None:
     Path(out_path).parent.mkdir(parents=True, exist_ok=True)
     lines = [json.dumps(record) + "\n" for record in records if record is not None]
     Path(out_path).write_text("".join(lines), encoding="utf-8")
-
-
-def _draw_progress(state: _Progress, warmup_requests: int) -> None:
-    phase = "warm-up" if state.done < warmup_requests else "measured"
-    print(
-        f"\r{phase}: {state.done}/{state.total} done, {state.ok} ok, "
-        f"{state.errors} errors, {state.in_flight} in flight   ",
-        end="",
-        file=sys.stderr,
-        flush=True,
-    )
 
 
 def _outcomes(ran: list[dict]) -> dict:

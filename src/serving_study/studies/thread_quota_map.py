@@ -277,6 +277,7 @@ def measure_cell(context: MapContext, server, base_url: str, arm: Arm) -> dict:
             context.client,
             context.monitors,
             paths,
+            block=context.block,
         )
         if server.exit_code() is not None:
             raise ArmFailed(f"server exited with code {server.exit_code()}")
