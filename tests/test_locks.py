@@ -80,3 +80,29 @@ def test_the_conda_environment_of_every_rule_is_the_workflow_lock():
     assert as_conda_installs == read_hashed_lock(
         (ROOT / "envs/workflow.lock").read_text(), "envs/workflow.lock"
     )
+
+
+@pytest.mark.parametrize(
+    ("gpu_host_lock", "source_lock"),
+    [
+        ("envs/sglang-gpu-host/requirements.lock", "envs/sglang-cpu/requirements.lock"),
+        ("envs/sglang-gpu-host/workflow.lock", "envs/workflow.lock"),
+    ],
+)
+def test_the_gpu_host_locks_pin_the_project_locks_versions(gpu_host_lock, source_lock):
+    """What the GPU host lacks (envs/lock_gpu_host.py) is installed at the versions
+    the project runs elsewhere, never another resolution."""
+    ours, source = locked(ROOT / gpu_host_lock), locked(ROOT / source_lock)
+    assert ours, gpu_host_lock
+    for name, (version, _) in ours.items():
+        assert name in source, f"{gpu_host_lock} pins {name}, {source_lock} lacks it"
+        assert version == source[name][0], f"{name}: {version} != {source[name][0]}"
+
+
+def test_the_gpu_host_server_lock_leaves_out_what_the_host_has():
+    """The host's torch is the one the server runs with (the deviation the report
+    names), and neither sglang nor a CUDA library comes from the lock."""
+    ours = locked(ROOT / "envs/sglang-gpu-host/requirements.lock")
+    assert not {"torch", "torchvision", "triton", "sglang"} & set(ours)
+    assert not [name for name in ours if name.startswith(("nvidia-", "cuda-"))]
+    assert {"transformers", "fastapi", "pyzmq", "xgrammar"} <= set(ours)

@@ -1,0 +1,129 @@
+"""Write the hashed locks of what our GPU host lacks, for its own Python.
+
+    python envs/lock_gpu_host.py
+
+Our GPU host (one H200, no network) has Python 3.12 with torch 2.11, transformers
+5.17 and much else, but neither SGLang's web and tokenizer-side packages nor
+Snakemake. Two locks list exactly what it lacks, each package at the version the
+project's own locks pin, with the sha256 of its CPython 3.12 Linux x86-64 wheel:
+
+- ``sglang-gpu-host/requirements.lock``: what SGLang 0.5.23's server imports on
+  its CUDA path and the host lacks, at ``sglang-cpu/requirements.lock``'s versions
+  (transformers and typing_extensions too: the host's are older than SGLang's pin
+  and pydantic's need). Rule ``sglang_host_torch_runtime`` installs it beside the
+  host's torch (``sources/host_torch_runtime.py``).
+- ``sglang-gpu-host/workflow.lock``: Snakemake and what it needs that the host
+  lacks, at ``workflow.lock``'s versions; ``tests/gpu/real_server_on_gpu_host.sh``
+  installs it before the workflow runs there.
+
+The server's list was found by importing SGLang's server modules with the CUDA
+stand-ins (``sglang-gpu-host/stand-in``) under a torch that answered as a CUDA
+device, and taking every distribution imported that the host does not have; the
+workflow's is the set that ran ``config/gpu-host.yaml`` on the host. Re-run this
+after changing a version in either source lock (``tests/test_locks.py`` checks
+that they agree).
+"""
+
+import hashlib
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ENVS = Path(__file__).resolve().parent
+sys.path.insert(0, str(ENVS.parent / "src"))
+from serving_study.sources.hashed_lock import (  # noqa: E402
+    canonical_name,
+    read_hashed_lock,
+)
+
+PYTHON_VERSION = "3.12"
+# pip matches a platform tag exactly: every manylinux tag the host's glibc (2.39)
+# runs, newest first, and the pure-Python wheels.
+PLATFORMS = [f"manylinux_2_{minor}_x86_64" for minor in range(39, 4, -1)] + [
+    "manylinux2014_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux1_x86_64",
+]
+SERVER_PACKAGES = (
+    "annotated-types apache-tvm-ffi cffi compressed-tensors dill distro fastapi gguf "
+    "ipython jiter jsonschema jsonschema-specifications loguru msgspec openai "
+    "opentelemetry-api orjson partial-json-parser pybase64 pycparser pydantic "
+    "pydantic-core python-multipart pyzmq referencing rpds-py setproctitle sniffio "
+    "soundfile starlette traitlets transformers typing-extensions typing-inspection "
+    "uvicorn watchfiles xgrammar zstandard"
+).split()
+WORKFLOW_PACKAGES = (
+    "annotated-types argparse-dataclass conda-inject configargparse "
+    "docutils dpath fastjsonschema gitdb gitpython greenlet humanfriendly immutables "
+    "jsonschema jsonschema-specifications jupyter-core nbformat platformdirs pydantic "
+    "pydantic-core referencing rpds-py setproctitle smart-open smmap snakemake "
+    "snakemake-interface-common snakemake-interface-executor-plugins "
+    "snakemake-interface-logger-plugins snakemake-interface-report-plugins "
+    "snakemake-interface-scheduler-plugins snakemake-interface-storage-plugins "
+    "sqlalchemy sqlmodel tenacity throttler traitlets typing-extensions "
+    "typing-inspection yte"
+).split()
+LOCKS = {
+    ENVS / "sglang-gpu-host" / "requirements.lock": (
+        ENVS / "sglang-cpu" / "requirements.lock",
+        SERVER_PACKAGES,
+        "what SGLang 0.5.23's server imports on CUDA and our GPU host lacks",
+    ),
+    ENVS / "sglang-gpu-host" / "workflow.lock": (
+        ENVS / "workflow.lock",
+        WORKFLOW_PACKAGES,
+        "Snakemake and what it needs that our GPU host lacks",
+    ),
+}
+
+
+def versions(lock: Path, names: list[str]) -> dict[str, str]:
+    """The version ``lock`` pins for each of ``names``."""
+    pinned = read_hashed_lock(lock.read_text(), str(lock))
+    return {
+        canonical_name(name): pinned[canonical_name(name)].version for name in names
+    }
+
+
+def wheel_digests(pins: dict[str, str]) -> dict[str, str]:
+    """name -> sha256 of the CPython 3.12 x86-64 wheel pip picks for name==version."""
+    argv = [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet"]
+    argv += ["--only-binary=:all:", "--python-version", PYTHON_VERSION]
+    argv += ["--implementation", "cp"] + [f"--platform={tag}" for tag in PLATFORMS]
+    with tempfile.TemporaryDirectory() as scratch:
+        requirements = [f"{name}=={version}" for name, version in pins.items()]
+        subprocess.run([*argv, "--dest", scratch, *requirements], check=True)
+        digests = {}
+        for wheel in Path(scratch).glob("*.whl"):
+            name = canonical_name(wheel.name.split("-")[0])
+            digests[name] = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    missing = sorted(set(pins) - set(digests))
+    if missing:
+        sys.exit(f"no wheel downloaded for {', '.join(missing)}")
+    return digests
+
+
+def lock_text(what: str, source: Path, pins: dict[str, str], digests: dict) -> str:
+    header = (
+        "# Generated by envs/lock_gpu_host.py:\n"
+        f"# {what},\n"
+        f"# each at envs/{source.relative_to(ENVS)}'s version, pinned with the\n"
+        f"# sha256 of its CPython {PYTHON_VERSION} Linux x86-64 wheel.\n"
+    )
+    lines = [
+        f"{name}=={pins[name]} \\\n    --hash=sha256:{digests[name]}"
+        for name in sorted(pins)
+    ]
+    return header + "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    for lock, (source, names, what) in LOCKS.items():
+        pins = versions(source, names)
+        lock.write_text(lock_text(what, source, pins, wheel_digests(pins)))
+        print(f"{lock.relative_to(ENVS.parent)}: {len(pins)} packages")
+
+
+if __name__ == "__main__":
+    main()
