@@ -30,6 +30,7 @@ include: "rules/runtime.smk"
 include: "rules/commands.smk"
 include: "rules/benchmarks.smk"
 include: "rules/repeatability.smk"
+include: "rules/compare.smk"
 
 
 rule all:

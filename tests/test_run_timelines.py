@@ -173,3 +173,10 @@ def panels_in(spec):
 def written(cell: dict, spec: dict) -> list[str]:
     """The sentences a note cell writes, from the spec's datasets."""
     return [row["text"] for row in spec["datasets"][cell["data"]["name"]]]
+
+
+def test_the_docs_quote_arm_as_drawn_run(embedded):
+    found, _ = embedded
+    because = found[REPRESENTATIVE_RUNS].set_index("arm").loc["A", "chosen_because"]
+    text = " ".join((ROOT / "docs" / "reading-results.md").read_text().split())
+    assert f'"A (original): {because}"' in text
