@@ -126,6 +126,7 @@ rule report_html:
     input:
         tables=rules.aggregate.output,
         map_tables=map_table_files(),
+        crosscheck_tables=crosscheck_table_files(),
         host="results/{experiment}/host.json",
         variants=variant_identity_files(),
         # Every run's: the report draws one run per arm over time, chosen from
@@ -136,6 +137,7 @@ rule report_html:
         **RELEASE_REPORT_ITEMS,
         **MAP_REPORT_ITEMS,
         **FIXES_REPORT_ITEMS,
+        **CROSSCHECK_REPORT_ITEMS,
         html=report(
             "results/{experiment}/report.html",
             caption="../report/report_page.rst",

@@ -20,6 +20,7 @@ from serving_study.config.arm_order import priority
 from serving_study.config.content_keys import content_key
 from serving_study.config.records import (
     Arm,
+    ClientCrosscheck,
     ClientSettings,
     HostSharing,
     MonitorSettings,
@@ -342,3 +343,35 @@ def published_fixes_tables():
     """The fixes tables of the results pages under docs/results/, which the
     preflight doctor quotes when it prescribes a fix."""
     return sorted(str(path) for path in Path("docs/results").glob("*/tables/fixes.csv"))
+
+
+# --- Our client against bench_serving (rules/crosscheck.smk) -----------------------
+
+CROSSCHECK = (
+    ClientCrosscheck.from_config(config["client_crosscheck"])
+    if config.get("client_crosscheck")
+    else None
+)
+
+
+def crosscheck_table_files():
+    """The cross-check's tables, which the report shows, when the config asks."""
+    if CROSSCHECK is None:
+        return []
+    return [
+        f"results/{EXPERIMENT}/tables/client_crosscheck.csv",
+        f"results/{EXPERIMENT}/tables/client_crosscheck_runs.csv",
+    ]
+
+
+def crosscheck_tokenizer():
+    """The model record whose folder holds bench_serving's tokenizer: the served
+    model's, or with the embedded engine the default tiny Qwen3-VL's."""
+    if SERVER.engine == "sglang":
+        return model_snapshot_file()
+    return f"results/{EXPERIMENT}/crosscheck/tokenizer/snapshot.json"
+
+
+def release_of_arm(wildcards):
+    """The fetched source the arm's variant is made from (bench_serving's)."""
+    return source_directory(VARIANTS[ARMS[wildcards.arm].variant]["source"])

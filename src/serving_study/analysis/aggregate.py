@@ -39,6 +39,8 @@ from serving_study.analysis.summaries import (
     invalid_runs_table,
     runs_table,
 )
+from serving_study.studies.crosscheck_table import RUNS_TABLE as CROSSCHECK_RUNS_TABLE
+from serving_study.studies.crosscheck_table import SUMMARY_TABLE as CROSSCHECK_TABLE
 
 TABLE_NAMES = ("runs", "arms", "ratios", "invalid_runs", ATTEMPTS_TABLE, "claims")
 # Written only for an experiment whose arms are a release series.
@@ -62,6 +64,9 @@ OPTIONAL_TABLES = {
         **BLANK_IS_MISSING,
     },
     MAP_BY_QUOTA_TABLE: {"dtype": {"cpu_quota": str}, **BLANK_IS_MISSING},
+    # Written by the client cross-check's own rule (crosscheck_table.py).
+    CROSSCHECK_TABLE: {"dtype": {"arm": str}, **BLANK_IS_MISSING},
+    CROSSCHECK_RUNS_TABLE: {"dtype": {"invalid_reasons": str}, **BLANK_IS_MISSING},
 }
 
 

@@ -373,6 +373,34 @@ class MonitorSettings:
 
 
 @dataclass(frozen=True)
+class ClientCrosscheck:
+    """Our client against SGLang's bench_serving (the config's
+    ``client_crosscheck``): the arm both clients run, how many pairs of runs, the
+    measured requests of each run (None: the arm's) and how close the two
+    throughputs must be."""
+
+    arm: str
+    pairs: int
+    requests: int | None
+    tolerance: float
+
+    @classmethod
+    def from_config(cls, section: Mapping) -> ClientCrosscheck:
+        values = config_values(section, _field_names(cls), "client_crosscheck")
+        requests = values["requests"]
+        return cls(
+            **_plain_fields(cls, values),
+            requests=None if requests is None else int(requests),
+        )
+
+    def as_config(self) -> dict:
+        return _given(dataclasses.asdict(self))
+
+    def measured_requests(self, arm: Arm) -> int:
+        return self.requests or arm.requests
+
+
+@dataclass(frozen=True)
 class HostSharing:
     """How runs share the host (the config's ``host_sharing``; measure/
     host_sharing.py holds the lock it describes)."""

@@ -219,6 +219,7 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
     problems += release_series_problems(config)
     problems += bisect_problems(config, arm_names)
     problems += thread_quota_map_problems(config, variant_names, workload_names)
+    problems += crosscheck_problems(config, arm_names)
     problems += server_argument_problems(config)
     return problems
 
@@ -292,6 +293,23 @@ def thread_quota_map_problems(
     quotas = [quota_cores(quota) for quota in settings["cpu_quotas"]]
     if len(set(quotas)) != len(quotas):
         problems.append("thread_quota_map.cpu_quotas: a quota is listed twice")
+    return problems
+
+
+def crosscheck_problems(config: dict, arm_names: list[str]) -> list[str]:
+    """The client cross-check names a closed-loop arm: bench_serving 0.5.23 draws
+    its own Poisson arrivals, with no burstiness, so an open loop's would differ."""
+    settings = config.get("client_crosscheck")
+    if not settings:
+        return []
+    where = "client_crosscheck.arm"
+    problems = _must_name(settings["arm"], arm_names, where, "arm")
+    arm = next((arm for arm in config["arms"] if arm["name"] == settings["arm"]), {})
+    if arm.get("request_rate") is not None:
+        problems.append(
+            f"{where}: arm {settings['arm']!r} sets request_rate; the cross-check "
+            "compares closed loops (bench_serving 0.5.23 draws its own arrivals)"
+        )
     return problems
 
 

@@ -27,6 +27,15 @@ def invalid_reasons(
     """Every reason this run must stay out of the medians, with the numbers."""
     return [
         *_request_reasons(records, arm, checks),
+        *server_reasons(monitors, arm, checks),
+    ]
+
+
+def server_reasons(monitors: dict | None, arm: Arm, checks: dict) -> list[str]:
+    """Every reason but the client's own requests: the server, its quota,
+    environment and code, and the host's other load (another client, such as
+    bench_serving, judges its requests from its own results)."""
+    return [
         *_restart_reasons(monitors, checks),
         *_quota_reasons(monitors, arm, checks),
         *_environment_reasons(arm, checks),

@@ -24,6 +24,7 @@ from serving_study.analysis.attempts import ATTEMPTS_TABLE
 from serving_study.analysis.fix_comparison import FIXES_TABLE
 from serving_study.analysis.summaries import BOOTSTRAP_RESAMPLES, MIN_RUNS_FOR_INTERVAL
 from serving_study.report.charts import chart_specs
+from serving_study.report.crosscheck import crosscheck_tables
 from serving_study.report.document import render_page
 from serving_study.report.figures import FIGURE_CAPTIONS, FIGURE_TITLES, shown_figures
 from serving_study.report.fixes import fixes_table
@@ -45,6 +46,8 @@ from serving_study.report.tables import (
     runs_table,
 )
 from serving_study.report.verdicts import claims_table, ratios_table, verdict_sentences
+from serving_study.studies.crosscheck_table import RUNS_TABLE as CROSSCHECK_RUNS_TABLE
+from serving_study.studies.crosscheck_table import SUMMARY_TABLE as CROSSCHECK_TABLE
 
 TABLE_TITLES = {
     "arms": "Arms: medians over valid runs, with the study's numbers",
@@ -58,6 +61,7 @@ TABLE_TITLES = {
     MAP_CONTRAST_TABLE: "Thread x quota map: the variants compared, paired in blocks",
     MAP_TABLE: "Thread x quota map: every cell of every block",
     FIXES_TABLE: "Which fix: throughput, latency and CPU cost of each",
+    CROSSCHECK_TABLE: "Our client against SGLang's bench_serving, on the same server",
 }
 
 
@@ -174,4 +178,8 @@ def table_sections(
         sections[MAP_TABLE] = [map_cells_table(tables[MAP_TABLE])]
     if FIXES_TABLE in tables:
         sections = {FIXES_TABLE: [fixes_table(tables[FIXES_TABLE])], **sections}
+    if CROSSCHECK_TABLE in tables:
+        sections[CROSSCHECK_TABLE] = crosscheck_tables(
+            tables[CROSSCHECK_TABLE], tables[CROSSCHECK_RUNS_TABLE]
+        )
     return sections
