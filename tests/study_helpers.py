@@ -183,20 +183,28 @@ def snakemake_refuses(config: Path) -> str:
 
 
 def fault_study_config(
-    base: Path, experiment: str, directory: Path
+    base: Path, experiment: str, directory: Path, *, first_arm_only: bool = False
 ) -> tuple[Path, Path]:
     """``base`` (a test config) as a study of its own: named ``experiment``, so
     that what it leaves can be told from another study's; its arms serving for
     several seconds, a window wide enough to break into on a busy host; and its
     runs not judged by the host's other load, which is other tests' here. Config
-    files for ``snakemake_command``, merged in order (a list is replaced)."""
+    files for ``snakemake_command``, merged in order (a list is replaced).
+
+    ``first_arm_only`` keeps the first arm alone (and no claims, which name
+    both): for a fault that needs one serving arm, it spares the suite a second
+    variant, image and arm."""
     arms = yaml.safe_load(base.read_text())["arms"]
+    if first_arm_only:
+        arms = arms[:1]
     changes = {
         "experiment": experiment,
         "embedded_engine": {"decode_step_ms": 20},
         "arms": [arm | {"requests": 40, "output_tokens": 32} for arm in arms],
         "host_sharing": {"max_other_load_cores": 4096, "max_steal_cores": 4096},
     }
+    if first_arm_only:
+        changes["claims"] = []
     override = directory / f"{experiment}.yaml"
     override.write_text(yaml.safe_dump(changes))
     return base, override

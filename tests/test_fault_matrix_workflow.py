@@ -109,7 +109,10 @@ def test_ctrl_c_while_an_arm_container_serves_leaves_nothing(docker_engine, tmp_
     experiment = "fault-docker-interrupt"
     workdir = tmp_path / "study"
     config = fault_study_config(
-        ROOT / "config" / "test" / "docker.yaml", experiment, tmp_path
+        ROOT / "config" / "test" / "docker.yaml",
+        experiment,
+        tmp_path,
+        first_arm_only=True,
     )
     log_path = tmp_path / "interrupted.log"
     command = snakemake_command(workdir, "--cores", "1", "all", config=config)

@@ -48,7 +48,7 @@ def leftovers_once_settled(workdir: Path, timeout_s: float = 30) -> list[str]:
 def interrupt_then_resume(tmp_path: Path, signal_number: int) -> None:
     workdir = tmp_path / "study"
     results = workdir / "results" / EXPERIMENT
-    config = fault_study_config(TEST_CONFIG, EXPERIMENT, tmp_path)
+    config = fault_study_config(TEST_CONFIG, EXPERIMENT, tmp_path, first_arm_only=True)
     log_path = tmp_path / "interrupted.log"
     command = snakemake_command(workdir, "--cores", "1", "all", config=config)
     with terminal_job(command, log_path) as snakemake:

@@ -77,7 +77,9 @@ def test_a_killed_local_runner_takes_its_server_and_the_next_run_starts_clean(
     tmp_path,
 ):
     experiment = "test-killed-runner"
-    config = fault_study_config(ROOT / "config/test/config.yaml", experiment, tmp_path)
+    config = fault_study_config(
+        ROOT / "config/test/config.yaml", experiment, tmp_path, first_arm_only=True
+    )
     workdir = tmp_path / "study"
 
     def runner_of_the_scheduler(snakemake: subprocess.Popen) -> int:
@@ -109,7 +111,9 @@ def test_a_killed_runners_container_goes_and_the_next_run_starts_clean(
     docker_engine, tmp_path
 ):
     experiment = "test-killed-docker"
-    config = fault_study_config(ROOT / "config/test/docker.yaml", experiment, tmp_path)
+    config = fault_study_config(
+        ROOT / "config/test/docker.yaml", experiment, tmp_path, first_arm_only=True
+    )
     workdir = tmp_path / "study"
 
     def owner_of_the_container(snakemake: subprocess.Popen) -> int:
@@ -149,7 +153,9 @@ def test_snakemake_killed_outright_takes_its_runner_and_the_rerun_holds_nothing_
     tmp_path,
 ):
     experiment = "test-killed-snakemake"
-    config = fault_study_config(ROOT / "config/test/config.yaml", experiment, tmp_path)
+    config = fault_study_config(
+        ROOT / "config/test/config.yaml", experiment, tmp_path, first_arm_only=True
+    )
     workdir = tmp_path / "study"
     kill_serving_runner(workdir, config, experiment, lambda snakemake: snakemake.pid)
     # The runner's watchdog saw Snakemake go and tore its server down.
