@@ -10,8 +10,11 @@ import pytest
 from study_helpers import arm_record
 from test_client import FakeServer, read_log, run_against, write_workload
 
+from serving_study.analysis.summaries import arms_table, runs_table
+from serving_study.config.records import Arm
 from serving_study.measure.arrivals import ArrivalSchedule, arrival_schedule
 from serving_study.measure.chat_requests import load_requests
+from serving_study.report.arm_charts import series_labels
 
 GAPS = 20_000  # gaps drawn per burstiness: the tolerances below shrink as 1/sqrt(n)
 RATE = 8.0
@@ -155,3 +158,27 @@ def test_arrival_times_must_be_one_per_request(tmp_path):
                 arrivals=schedule,
             )
         )
+
+
+def test_the_tables_and_the_charts_tell_a_rate_from_a_closed_loop():
+    common = {"variant": "v", "workload": "w", "cpu_quota": 1, "requests": 8}
+    arms = [
+        common | {"name": "closed", "concurrency": 4},
+        common | {"name": "bursty", "concurrency": 16, "request_rate": 8},
+    ]
+    arms[1]["burstiness"] = 0.25
+    config = {"arms": arms}
+    records = [{"arm": arm["name"], "run": 1, "valid": True} for arm in arms]
+    loads = [
+        "closed loop, 4 in flight",
+        "8 req/s (burstiness 0.25), at most 16 in flight",
+    ]
+    runs = runs_table(records, config)
+    assert runs["load"].tolist() == loads
+    summary = arms_table(runs, config).drop_duplicates("arm")
+    assert summary["load"].tolist() == loads
+    labels = series_labels([Arm.from_config(arm) for arm in arms])
+    assert labels == {
+        "closed": "cpu, closed loop",
+        "bursty": "cpu, 8 req/s (burstiness 0.25)",
+    }

@@ -127,7 +127,7 @@ def test_a_run_draws_one_updating_line_on_the_terminal_and_none_in_its_log(
     terminal = seen["terminal"]
     assert "warm-up 0/24 done" in terminal
     drawn = re.findall(
-        r"measured (\d+)/24 done \|.*?\| +([\d.]+) req/s so far, "
+        r"measured (\d+)/24 done, +([\d.]+) req/s so far, "
         r"00:0\d elapsed, 0 errors, [01] in flight",
         terminal,
     )
@@ -160,5 +160,5 @@ def test_a_terminal_that_reports_no_size_still_gets_the_line():
         line.close()
     shown = drained(primary).decode()
     assert "measured 5/8 done" in shown and "1 errors" in shown
-    # Cut to 80 columns, the size taken for a terminal that says none.
-    assert max(len(drawn) for drawn in shown.split("\r")) == 80
+    # Never wider than 80 columns, the size taken for a terminal that says none.
+    assert max(len(drawn) for drawn in shown.split("\r")) <= 80

@@ -10,6 +10,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from serving_study.config.open_loop import describe_load, open_loop_values
 from serving_study.metric_catalogue import METRICS, RUN_COUNTS
 
 MIN_RUNS_FOR_INTERVAL = 5
@@ -23,6 +24,7 @@ IDENTITY_COLUMNS = (
     "workload",
     "transport",
     "concurrency",
+    "load",
     "cpu_quota",
     "environment",
 )
@@ -33,8 +35,10 @@ NODE_FLAG = "node_differs_from_host"
 
 def runs_table(records: list[dict], config: dict) -> pd.DataFrame:
     rows = []
+    loads = {arm["name"]: arm_load(arm) for arm in config["arms"]}
     for record in records:
         row = {column: record.get(column) for column in IDENTITY_COLUMNS}
+        row["load"] = loads.get(record.get("arm"))
         row["cpu_quota"] = _text(record.get("cpu_quota"))
         row["environment"] = describe_environment(record.get("environment"))
         row["valid"] = bool(record.get("valid"))
@@ -58,6 +62,12 @@ def in_config_order(table: pd.DataFrame, config: dict) -> pd.DataFrame:
     table = table.assign(_order=table["arm"].map(lambda a: order.get(a, len(order))))
     table = table.sort_values(["_order", "arm", "run"], kind="stable")
     return table.drop(columns="_order").reset_index(drop=True)
+
+
+def arm_load(arm: dict) -> str:
+    """How a config arm's requests come: a closed loop, or a rate and its
+    burstiness with the most in flight (config/open_loop.py)."""
+    return describe_load(arm.get("concurrency"), **open_loop_values(arm))
 
 
 def describe_environment(environment: dict | None) -> str:
@@ -91,6 +101,7 @@ def arms_table(runs: pd.DataFrame, config: dict) -> pd.DataFrame:
                     "variant": arm.get("variant"),
                     "transport": arm.get("transport"),
                     "concurrency": arm.get("concurrency"),
+                    "load": arm_load(arm),
                     "cpu_quota": _text(arm.get("cpu_quota")),
                     "environment": describe_environment(arm.get("environment")),
                     "metric": metric,

@@ -32,7 +32,15 @@ def describe_load(
     concurrency: int, request_rate: float | None, burstiness: float | None
 ) -> str:
     """How an arm's requests come, in words (the report's tables say it)."""
+    arrivals = describe_arrivals(request_rate, burstiness)
     if request_rate is None:
-        return f"closed loop, {concurrency} in flight"
+        return f"{arrivals}, {concurrency} in flight"
+    return f"{arrivals}, at most {concurrency} in flight"
+
+
+def describe_arrivals(request_rate: float | None, burstiness: float | None) -> str:
+    """When an arm's requests are sent, without how many may be in flight."""
+    if request_rate is None:
+        return "closed loop"
     shape = "Poisson" if burstiness == 1 else f"burstiness {burstiness:g}"
-    return f"{request_rate:g} req/s ({shape}), at most {concurrency} in flight"
+    return f"{request_rate:g} req/s ({shape})"

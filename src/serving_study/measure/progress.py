@@ -23,10 +23,7 @@ from tqdm import tqdm
 # A terminal that reports no size (a new pseudo-terminal, some containers'), on
 # which tqdm would draw nothing, is taken to be this size.
 FALLBACK_SIZE = os.terminal_size((80, 24))
-LINE = (
-    "{desc} {n_fmt}/{total_fmt} done |{bar:10}| "
-    "{rate_fmt} so far, {elapsed} elapsed{postfix}"
-)
+LINE = "{desc} {n_fmt}/{total_fmt} done, {rate_fmt} so far, {elapsed} elapsed{postfix}"
 
 
 def progress_terminal() -> TextIO | None:

@@ -10,6 +10,7 @@ import altair as alt
 import pandas as pd
 
 from serving_study.analysis.summaries import describe_environment
+from serving_study.config.open_loop import describe_arrivals
 from serving_study.config.records import Arm, quota_value
 from serving_study.metric_catalogue import METRICS
 from serving_study.report.figures import FIGURE_TITLES
@@ -32,8 +33,8 @@ def series_labels(arms: Sequence[Arm]) -> dict[str, str]:
     """Name each arm's line: its transport, plus whatever else sets arms apart.
 
     Arms that differ only in concurrency share a line; when arms of one
-    transport also differ in variant, quota or environment, those attributes
-    are added to the label so that the lines stay apart.
+    transport also differ in variant, quota, environment or request rate, those
+    attributes are added to the label so that the lines stay apart.
     """
 
     def describe(arm: Arm, attribute: str) -> str:
@@ -41,11 +42,13 @@ def series_labels(arms: Sequence[Arm]) -> dict[str, str]:
             return describe_environment(arm.environment)
         if attribute == "cpu_quota":
             return f"quota {quota_value(arm.cpu_quota)}"
+        if attribute == "arrivals":
+            return describe_arrivals(arm.request_rate, arm.burstiness)
         return str(getattr(arm, attribute))
 
     varying = ["transport"] + [
         attribute
-        for attribute in ("variant", "cpu_quota", "environment")
+        for attribute in ("variant", "cpu_quota", "environment", "arrivals")
         if len({describe(arm, attribute) for arm in arms}) > 1
     ]
     return {

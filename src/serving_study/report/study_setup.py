@@ -36,7 +36,7 @@ def setup_tables(
                 "variant": describe(arm.variant),
                 "workload": describe(arm.workload),
                 "transport": describe(arm.transport),
-                "concurrency": describe(arm.concurrency),
+                "load": arm.load,
                 "CPU quota (cores)": describe(arm.cpu_quota),
                 "environment": describe_environment(arm.environment),
                 "intra-op threads seen": ", ".join(map(str, threads)) or "not recorded",
