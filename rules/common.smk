@@ -30,7 +30,12 @@ from serving_study.config.records import (
 from serving_study.config.validation import ConfigError, check_config
 from serving_study.launch.sglang import model_folder_name, model_source
 from serving_study.servers.container_commands import RUNTIMES as CONTAINER_RUNTIMES
-from serving_study.config.platform import CPU_RUNTIME_LOCK, platform_for
+from serving_study.config.platform import (
+    CPU_RUNTIME_RECORD,
+    GPU_STAND_IN_DIRECTORY,
+    HOST_TORCH_RUNTIME_LOCK,
+    HOST_TORCH_RUNTIME_RECORD,
+)
 from serving_study.sources.tiny_model_settings import TinyModelSettings
 
 try:
@@ -68,9 +73,9 @@ SERVER = ServerSettings.from_config(config)
 CLIENT = ClientSettings.from_config(config["client"])
 MONITORS = MonitorSettings.from_config(config["monitors"])
 HOST_SHARING = HostSharing.from_config(config["host_sharing"])
-# Where a real SGLang server runs (decided once, in SERVER: sglang_platform.py lists
+# Where a real SGLang server runs (decided once, in SERVER: config/platform.py lists
 # what follows from it), and the model it loads, as a file name under resources/.
-SGLANG_PLATFORM = platform_for(SERVER.device) if SERVER.device else None
+SGLANG_PLATFORM = SERVER.platform
 TINY_MODEL = (
     TinyModelSettings.from_config(config["sglang"]["tiny_model"])
     if "tiny_model" in config["sglang"]
@@ -292,13 +297,23 @@ def model_of_engine(wildcards):
     return [model_snapshot_file()] if config["engine"] == "sglang" else []
 
 
-SGLANG_RUNTIME = "resources/sglang-runtime/runtime.json"
+# The CPU runtime's record (rules that always measure on CPU name it directly).
+SGLANG_RUNTIME = CPU_RUNTIME_RECORD
 
 
 def sglang_runtime_of_engine(wildcards):
-    """The server runtime the workflow builds, when SGLang runs on this host's CPU."""
+    """The record of the server runtime the workflow builds, when a local SGLang
+    server runs in one (on CPU, or with the host's torch: rules/runtime.smk)."""
     builds = SGLANG_PLATFORM and SGLANG_PLATFORM.builds_runtime
-    return [SGLANG_RUNTIME] if builds and not in_containers() else []
+    return [SGLANG_PLATFORM.runtime_record] if builds and not in_containers() else []
+
+
+def host_torch_stand_in_files():
+    """The stand-ins a server with the host's torch imports (config/platform.py)."""
+    directory = PROJECT_ROOT / GPU_STAND_IN_DIRECTORY
+    return sorted(
+        str(path) for path in directory.rglob("*.py") if "__pycache__" not in path.parts
+    )
 
 
 def tiny_model_directory():

@@ -18,8 +18,10 @@ WHEELHOUSES = {
     "sglang-cpu": f"resources/{content_key('wheelhouse-sglang-cpu', WHEEL_PLATFORM)}",
 }
 # What a variant's image is: embedded, sglang (GPU host) or sglang-cpu; the suffix of
-# its Dockerfile and the engine part of its tag.
+# its Dockerfile and the engine part of its tag. None with the host's torch, whose
+# servers run on the host alone.
 IMAGE_KIND = "embedded" if SGLANG_PLATFORM is None else image_engine(SGLANG_PLATFORM)
+IMAGE_DOCKERFILE = project_file(f"envs/Dockerfile.{IMAGE_KIND}") if IMAGE_KIND else []
 # The wheelhouse it installs (the official SGLang image has everything).
 IMAGE_WHEELHOUSE = WHEELHOUSES.get(IMAGE_KIND, [])
 # What an SGLang image puts on the server's PYTHONPATH after the variant's tree (the
@@ -96,7 +98,7 @@ rule wheelhouse_sglang_cpu:
 rule build_image:
     input:
         variant="results/{experiment}/variants/{variant}.json",
-        dockerfile=project_file(f"envs/Dockerfile.{IMAGE_KIND}"),
+        dockerfile=IMAGE_DOCKERFILE,
         check=project_file("envs/verify_mm_utils.py"),
         wheelhouse=IMAGE_WHEELHOUSE,
         package=package_files_of_engine(),

@@ -23,11 +23,11 @@ experiment, arm = snakemake.wildcards.experiment, Arm.from_config(snakemake.para
 server = ServerSettings.from_config(
     params.server,
     # The variant's image, the model snapshot the model rule checked (or
-    # downloaded, or wrote) and the SGLang runtime built for this host's CPU,
-    # each when the arm needs one.
+    # downloaded, or wrote) and the SGLang runtime the workflow built for this
+    # host, each when the arm needs one.
     image_id_file=inputs.image or None,
     model_snapshot=read_json(inputs.model[0]) if inputs.model else None,
-    runtime_python=read_json(inputs.runtime[0])["python"] if inputs.runtime else None,
+    runtime_record=read_json(inputs.runtime[0]) if inputs.runtime else None,
 )
 plan = launch_plan(
     server,

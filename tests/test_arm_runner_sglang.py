@@ -104,7 +104,7 @@ def test_a_cpu_arm_runs_the_built_runtime_with_the_variants_tree_first(tmp_path)
             "load_format": "dummy",
             "settings": {"dtype": "float32"},
         },
-        runtime_python="/runtime/venv/bin/python",
+        runtime_record={"python": "/runtime/venv/bin/python"},
     )
     variant = Variant.from_identity(
         {

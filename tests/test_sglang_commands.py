@@ -127,7 +127,7 @@ def plan_of(
         config | {"runtime": runtime, "sglang": settings},
         image_id_file=files.image,
         model_snapshot=snapshot,
-        runtime_python="/runtime/venv/bin/python",
+        runtime_record={"python": "/runtime/venv/bin/python"},
     )
     return launch_plan(server, arm, VARIANT, files.manifest, port=port)
 

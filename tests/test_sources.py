@@ -227,8 +227,12 @@ def offline_wheel(tmp_path, monkeypatch) -> Path:
     with zipfile.ZipFile(wheel, "w") as bundle:
         bundle.writestr("sglang/__init__.py", "")
         bundle.writestr("sglang/srt/managers/mm_utils.py", "copy = 'pypi'\n")
+        bundle.writestr("sglang/multimodal_gen/a.py", "")
+        bundle.writestr("sglang/multimodal_gen/b/c.py", "")
+        bundle.writestr("sglang/srt/rust_extensions/_server.cpython-311.so", "x")
+        bundle.writestr("sglang/srt/rust_extensions/keep.py", "")
 
-    def download(name, package, version, into, download_dir):
+    def download(name, package, version, into, download_dir, python_version=None):
         assert (package, version) == ("sglang", "9.9.9")
         return Path(shutil.copy2(wheel, into))
 
@@ -253,6 +257,28 @@ def test_a_wheel_among_the_pinned_digests_is_accepted(
     assert identity["sha256"] == digest
     assert identity["file"] == offline_wheel.name
     assert (tmp_path / "sglang" / MM_UTILS).read_text() == "copy = 'pypi'\n"
+
+
+def test_a_pin_may_leave_package_paths_out_and_the_identity_counts_them(
+    offline_wheel, tmp_path
+):
+    record = pypi_record(file_sha256(offline_wheel))
+    record["pypi"]["leave_out"] = ["multimodal_gen", "srt/rust_extensions/_server.*.so"]
+
+    identity = fetch_source(record, tmp_path / "sglang")
+
+    package = tmp_path / "sglang" / "python" / "sglang"
+    assert identity["files_left_out"] == {
+        "multimodal_gen": 2,
+        "srt/rust_extensions/_server.*.so": 1,
+    }
+    assert not (package / "multimodal_gen").exists()
+    assert sorted(p.name for p in (package / "srt" / "rust_extensions").iterdir()) == [
+        "keep.py"
+    ]
+    assert (tmp_path / "sglang" / MM_UTILS).read_text() == "copy = 'pypi'\n"
+    # The record is the identity's: a tree laid out otherwise is another source.
+    assert identity["record"]["pypi"]["leave_out"] == record["pypi"]["leave_out"]
 
 
 def test_a_wheel_outside_the_pinned_digests_is_refused_by_name(offline_wheel, tmp_path):

@@ -1,7 +1,8 @@
 """The tiny Qwen3-VL generator: the same settings give the same bytes, the seed
 shapes the tokenizer, the config's token ids are the tokenizer's, the chat template
-places the image tokens, an interrupted write leaves nothing, and (slow) the real
-transformers 5.19 processor turns a 512x512 image into the real Qwen3-VL's shapes."""
+places the image tokens, an interrupted write leaves nothing, shape qwen3-vl-4b
+writes the real Qwen3-VL-4B's sizes, and (slow) the real transformers 5.19
+processor turns a 512x512 image into the real Qwen3-VL's shapes."""
 
 import json
 import subprocess
@@ -257,9 +258,68 @@ def test_settings_come_from_the_config_section_and_name_the_directory():
         )
 
 
+def test_the_4b_shape_writes_the_real_qwen3_vl_4b_sizes(tmp_path):
+    """The sizes of Qwen/Qwen3-VL-4B-Instruct's config.json, the tiny tokenizer's
+    special-token ids, and the real vocabulary's size."""
+    settings = TinyModelSettings.from_config(
+        {"seed": 0, "dtype": "bfloat16", "shape": "qwen3-vl-4b"}
+        | {key: 64 for key in ("text_hidden_size", "vision_hidden_size")}
+        | {key: 2 for key in ("text_layers", "vision_depth")}
+    )
+    record = write_tiny_qwen3_vl(tmp_path / "model", settings)
+    config = json.loads((tmp_path / "model" / "config.json").read_text())
+    text, vision = config["text_config"], config["vision_config"]
+
+    assert record["model"] == "qwen3-vl-4b-shape" and record["load_format"] == "dummy"
+    assert settings.directory_name.startswith("qwen3-vl-4b-shape-s0-bfloat16-")
+    assert {
+        key: text[key]
+        for key in (
+            "hidden_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+        )
+    } == {
+        "hidden_size": 2560,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 9728,
+        "vocab_size": 151936,
+    }
+    assert text["rope_scaling"]["mrope_section"] == [24, 20, 20]
+    assert sum(text["rope_scaling"]["mrope_section"]) * 2 == text["head_dim"]
+    assert (vision["depth"], vision["hidden_size"], vision["num_heads"]) == (
+        24,
+        1024,
+        16,
+    )
+    assert vision["intermediate_size"] == 4096 and vision["out_hidden_size"] == 2560
+    assert vision["deepstack_visual_indexes"] == [5, 11, 17]
+    tokenizer = Tokenizer.from_file(str(tmp_path / "model" / "tokenizer.json"))
+    assert config["image_token_id"] == tokenizer.token_to_id("<|image_pad|>")
+    assert config["image_token_id"] < 1024  # the tiny tokenizer's, not Qwen's 151655
+
+
+def test_a_tiny_model_keeps_the_name_and_bytes_its_published_runs_recorded(tmp_path):
+    """Shapes came after the CPU results were published: a tiny model's directory
+    (its settings' digest) and every file are still those their runs served."""
+    settings = TinyModelSettings(seed=0, dtype="float32")
+    published = Path(__file__).parents[1] / "docs/results/sglang-cpu/tiny-model.json"
+    record = json.loads(published.read_text())
+    assert f"/{settings.directory_name}/" in record["path"]
+    assert write_tiny_qwen3_vl(tmp_path / "model", settings)["files"] == record["files"]
+
+
 @pytest.mark.parametrize(
     "values, message",
     [
+        ({"shape": "qwen3-vl-8b"}, "shape"),
         ({"dtype": "float16"}, "dtype"),
         ({"seed": "7"}, "seed"),
         ({"text_layers": 0}, "text_layers"),

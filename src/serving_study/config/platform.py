@@ -1,23 +1,33 @@
 """Where a real SGLang server runs, and everything that follows from it, in one place.
 
-The same ``sglang.launch_server`` arms run on a GPU host with the real model, or on
-any Linux host's CPU with a seeded tiny model. What differs between the two is
-decided here and nowhere else:
+The same ``sglang.launch_server`` arms run on a GPU host with SGLang's own pinned
+stack, on a GPU host whose torch is not SGLang's, or on any Linux host's CPU. What
+differs between the three platforms is decided here and nowhere else:
 
-- server flags: none added on a GPU; on CPU ``--device cpu``, torch-native
-  attention, SDPA vision attention, no CUDA graphs and ``--sleep-on-idle``;
-- environment: on CPU ``SGLANG_USE_CPU_ENGINE=1`` (else SGLang does not treat
-  the host as a CPU host);
-- python path: the variant's tree and the load probe, plus on CPU the sgl-kernel
-  stand-in (``envs/sglang-cpu/stand-in``; PyPI has no CPU build of sgl-kernel);
-- local interpreter: on a GPU this host's Python with SGLang's dependencies; on
-  CPU the runtime the workflow builds from ``envs/sglang-cpu/requirements.lock``;
+- server flags: none added on a GPU with SGLang's stack; with the host's torch
+  Triton attention, torch sampling, SDPA vision attention and no CUDA graphs (the
+  paths that need no sgl-kernel); on CPU ``--device cpu``, torch-native attention,
+  SDPA vision attention, no CUDA graphs and ``--sleep-on-idle``;
+- environment: with the host's torch ``SGLANG_FORCE_FUSED_OP_BACKEND=torch`` (every
+  fused op takes its torch code) and ``SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK=1``;
+  on CPU ``SGLANG_USE_CPU_ENGINE=1`` (else SGLang does not treat the host as a
+  CPU host);
+- python path: the variant's tree and the load probe, plus the stand-ins: on CPU
+  for sgl-kernel's CPU build (``envs/sglang-cpu/stand-in``; PyPI has none), with
+  the host's torch for sgl-kernel and cutlass (``envs/sglang-gpu-host/stand-in``:
+  PyPI's sgl-kernel needs torch 2.14.1), then the runtime's own packages;
+- local interpreter and runtime: on a GPU with SGLang's stack this host's Python
+  as it is; with the host's torch this host's Python with the packages of
+  ``envs/sglang-gpu-host/requirements.lock`` beside it (rule
+  ``sglang_host_torch_runtime``); on CPU the venv the workflow builds from
+  ``envs/sglang-cpu/requirements.lock`` (rule ``sglang_runtime``);
 - image: on a GPU the official SGLang image with the variant copied in
   (``envs/Dockerfile.sglang``); on CPU Debian with the same lock and the variant
-  (``envs/Dockerfile.sglang-cpu``);
-- container GPUs: ``--gpus`` on a GPU host, none on CPU.
+  (``envs/Dockerfile.sglang-cpu``); with the host's torch none (runtime local);
+- container GPUs: ``--gpus`` on a GPU host, none on CPU;
+- what the report says differs from the study's setup (``differences``).
 
-Every SGLang server, on either platform, keeps torch inductor's compile cache in one
+Every SGLang server, on any platform, keeps torch inductor's compile cache in one
 directory under ``resources/compile-cache/`` that all arms share (mounted into
 containers), so that only the first server of a host or image pays the compile of
 the kernels SGLang generates (on CPU, the rotary embedding's: ~15 s on 2 cores).
@@ -35,6 +45,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 DEVICES = ("cpu", "cuda")
+# Whose torch the server runs with (sglang.torch): SGLang's pinned stack, or this
+# host's own with stand-ins for what is built against SGLang's (GPU hosts only).
+TORCH_CHOICES = ("pinned", "host")
 
 CPU_SERVER_FLAGS = tuple(
     "--device cpu --attention-backend torch_native --mm-attention-backend sdpa "
@@ -67,10 +80,38 @@ CPU_HOST_DIFFERENCES = (
     "it back on before the server is healthy (checked in every process).",
 )
 
+HOST_TORCH_SERVER_FLAGS = tuple(
+    "--attention-backend triton --sampling-backend pytorch --mm-attention-backend "
+    "sdpa --disable-prefill-cuda-graph --disable-decode-cuda-graph".split()
+)
+HOST_TORCH_ENVIRONMENT = {
+    "SGLANG_FORCE_FUSED_OP_BACKEND": "torch",
+    "SGLANG_SKIP_SGL_KERNEL_VERSION_CHECK": "1",
+}
+# What a run with this host's torch does not share with the study, for the report
+# (the model's own difference comes from the model's record).
+HOST_TORCH_DIFFERENCES = (
+    "SGLang runs with this host's torch (the runtime record names its version), not "
+    "torch 2.14.1, SGLang 0.5.23's pin; the CPU-side packages it lacked come from "
+    "envs/sglang-gpu-host/requirements.lock at SGLang's pins.",
+    "sgl-kernel is a stand-in (PyPI's build loads only under torch 2.14.1), and so "
+    "is cutlass (the CuTe DSL, not installed): every name of both is a placeholder "
+    "that raises, and none ran (checked in every run's log). SGLang's model "
+    "registry skips its muse_spark models, which fail to import on a placeholder.",
+    "Without sgl-kernel the server takes SGLang's own fallbacks: Triton attention, "
+    "torch sampling, SDPA vision attention, the torch code of every fused op "
+    "(SGLANG_FORCE_FUSED_OP_BACKEND=torch) and no CUDA graphs, so its scheduler "
+    "does more work per batch than the study's.",
+)
+
 # Relative to the project root; each holds packages put on the server's PYTHONPATH.
 LOAD_PROBE_DIRECTORY = "envs/server-probe"
 KERNEL_STAND_IN_DIRECTORY = "envs/sglang-cpu/stand-in"
+GPU_STAND_IN_DIRECTORY = "envs/sglang-gpu-host/stand-in"
 CPU_RUNTIME_LOCK = "envs/sglang-cpu/requirements.lock"
+CPU_RUNTIME_RECORD = "resources/sglang-runtime/runtime.json"
+HOST_TORCH_RUNTIME_LOCK = "envs/sglang-gpu-host/requirements.lock"
+HOST_TORCH_RUNTIME_RECORD = "resources/sglang-host-torch-runtime/runtime.json"
 COMPILE_CACHE_ROOT = "resources/compile-cache"
 COMPILE_CACHE_VARIABLE = "TORCHINDUCTOR_CACHE_DIR"
 CONTAINER_COMPILE_CACHE = "/var/cache/serving-study/torchinductor"
@@ -78,35 +119,68 @@ CONTAINER_COMPILE_CACHE = "/var/cache/serving-study/torchinductor"
 
 @dataclass(frozen=True)
 class SGLangPlatform:
-    """What a real SGLang server needs on one kind of host."""
+    """What a real SGLang server needs on one kind of host.
+
+    ``runtime_lock`` and ``runtime_record`` name the runtime the workflow builds
+    for a local server (rules/runtime.smk) and the record its rule writes; None
+    where the workflow's own Python serves. ``dockerfile`` is None where servers
+    never run in a container.
+    """
 
     device: str
+    torch: str
     server_flags: tuple[str, ...]
     environment: dict[str, str]
     python_path_directories: tuple[str, ...]  # project-relative, after the variant's
-    dockerfile: str  # project-relative
+    dockerfile: str | None  # project-relative
     container_gpus: bool
-    builds_runtime: bool  # the local runtime is the workflow's venv, not this host's
+    runtime_lock: str | None
+    runtime_record: str | None
+    differences: tuple[str, ...]
+
+    @property
+    def builds_runtime(self) -> bool:
+        """The local runtime is one the workflow builds, not this host's Python."""
+        return self.runtime_record is not None
 
 
 CPU_PLATFORM = SGLangPlatform(
     device="cpu",
+    torch="pinned",
     server_flags=CPU_SERVER_FLAGS,
     environment=dict(CPU_ENVIRONMENT),
     python_path_directories=(LOAD_PROBE_DIRECTORY, KERNEL_STAND_IN_DIRECTORY),
     dockerfile="envs/Dockerfile.sglang-cpu",
     container_gpus=False,
-    builds_runtime=True,
+    runtime_lock=CPU_RUNTIME_LOCK,
+    runtime_record=CPU_RUNTIME_RECORD,
+    differences=CPU_HOST_DIFFERENCES,
 )
 GPU_PLATFORM = SGLangPlatform(
     device="cuda",
+    torch="pinned",
     server_flags=(),
     environment={},
     python_path_directories=(LOAD_PROBE_DIRECTORY,),
     dockerfile="envs/Dockerfile.sglang",
     container_gpus=True,
-    builds_runtime=False,
+    runtime_lock=None,
+    runtime_record=None,
+    differences=(),
 )
+HOST_TORCH_PLATFORM = SGLangPlatform(
+    device="cuda",
+    torch="host",
+    server_flags=HOST_TORCH_SERVER_FLAGS,
+    environment=dict(HOST_TORCH_ENVIRONMENT),
+    python_path_directories=(LOAD_PROBE_DIRECTORY, GPU_STAND_IN_DIRECTORY),
+    dockerfile=None,
+    container_gpus=True,
+    runtime_lock=HOST_TORCH_RUNTIME_LOCK,
+    runtime_record=HOST_TORCH_RUNTIME_RECORD,
+    differences=HOST_TORCH_DIFFERENCES,
+)
+PLATFORMS = (CPU_PLATFORM, GPU_PLATFORM, HOST_TORCH_PLATFORM)
 
 
 def host_has_nvidia_gpu() -> bool:
@@ -131,21 +205,32 @@ def resolve_device(setting: str) -> str:
     return setting
 
 
-def platform_for(device: str) -> SGLangPlatform:
-    """The platform of a resolved device (see ``resolve_device``)."""
-    return CPU_PLATFORM if device == "cpu" else GPU_PLATFORM
+def platform_for(device: str, torch: str = "pinned") -> SGLangPlatform:
+    """The platform of a resolved device (see ``resolve_device``) and
+    ``sglang.torch``; the host's torch is a GPU host's choice only."""
+    for platform in PLATFORMS:
+        if (platform.device, platform.torch) == (device, torch):
+            return platform
+    raise ValueError(
+        f"sglang.torch {torch!r} on device {device!r}: the host's torch is for "
+        "device cuda only (on CPU the workflow builds SGLang's pinned stack)"
+    )
 
 
 PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
-def python_path(platform: SGLangPlatform, variant_python_root: str) -> str:
+def python_path(
+    platform: SGLangPlatform, variant_python_root: str, runtime_site: str | None = None
+) -> str:
     """The server's PYTHONPATH on this host: the variant's tree first (so its
-    ``sglang`` is the one imported), then the platform's directories."""
+    ``sglang`` is the one imported), then the platform's directories, then the
+    packages a runtime installs beside this host's Python (``runtime_site``)."""
     directories = [
         str(PROJECT_ROOT / name) for name in platform.python_path_directories
     ]
-    return os.pathsep.join([variant_python_root, *directories])
+    site = [runtime_site] if runtime_site else []
+    return os.pathsep.join([variant_python_root, *directories, *site])
 
 
 def compile_cache(platform: SGLangPlatform, in_container: bool) -> tuple[Path, str]:

@@ -25,7 +25,7 @@ from serving_study.config.open_loop import (
     describe_load,
     open_loop_values,
 )
-from serving_study.config.platform import resolve_device
+from serving_study.config.platform import SGLangPlatform, platform_for, resolve_device
 from serving_study.config.schema import property_schema
 
 NO_QUOTA = "none"
@@ -252,8 +252,10 @@ class ServerSettings:
     the other None), and ``container`` when servers run as containers.
 
     ``device`` is where a real SGLang server runs (cpu or cuda, ``auto``
-    resolved on this host). The rest is known only once a job has its input
-    files: the variant's image id file, the model snapshot, the CPU runtime.
+    resolved on this host), ``torch`` whose torch it runs with (``platform``
+    follows from both). The rest is known only once a job has its input files:
+    the variant's image id file, the model snapshot, the runtime the workflow
+    built (its Python, and the folder of packages it put beside a host's own).
     """
 
     engine: str
@@ -267,6 +269,8 @@ class ServerSettings:
     model_load_format: str | None = None
     model_dtype: str | None = None
     runtime_python: str | None = None
+    torch: str | None = None
+    runtime_site: str | None = None
 
     @classmethod
     def from_config(
@@ -275,13 +279,14 @@ class ServerSettings:
         *,
         image_id_file: str | Path | None = None,
         model_snapshot: Mapping | None = None,
-        runtime_python: str | None = None,
+        runtime_record: Mapping | None = None,
     ) -> ServerSettings:
         """From a config (or ``as_config``'s part of one); ``model_snapshot`` is
-        the model rule's record, ``runtime_python`` the CPU runtime's Python."""
+        the model rule's record, ``runtime_record`` the record of the runtime the
+        workflow built for the server (``platform.runtime_record``)."""
         engine, runtime = str(config["engine"]), str(config["runtime"])
         sections = {"embedded": None, "sglang": None, "container": None}
-        device = None
+        device = torch = None
         if engine == "embedded":
             section = config.get("embedded_engine", {})
             sections["embedded"] = config_values(
@@ -289,15 +294,17 @@ class ServerSettings:
             )
         else:
             section = config.get("sglang", {})
-            keys = (*SGLANG_SERVER_KEYS, "device")
+            keys = (*SGLANG_SERVER_KEYS, "device", "torch")
             values = _given(config_values(section, keys, "sglang"))
             device = resolve_device(values.pop("device"))
+            torch = str(values.pop("torch"))
+            platform_for(device, torch)  # refuses a pair no platform has
             sections["sglang"] = values
         if runtime != "local":
             section = config.get("container", {})
             values = config_values(section, CONTAINER_SERVER_KEYS, "container")
             sections["container"] = _given(values)
-        snapshot = model_snapshot or {}
+        snapshot, built = model_snapshot or {}, runtime_record or {}
         return cls(
             engine=engine,
             runtime=runtime,
@@ -307,7 +314,9 @@ class ServerSettings:
             model_host_path=snapshot.get("path"),
             model_load_format=snapshot.get("load_format"),
             model_dtype=snapshot.get("settings", {}).get("dtype"),
-            runtime_python=runtime_python,
+            runtime_python=built.get("python"),
+            torch=torch,
+            runtime_site=built.get("site"),
         )
 
     def as_config(self) -> dict:
@@ -321,6 +330,7 @@ class ServerSettings:
             config["sglang"] = {
                 **{name: self.sglang.get(name) for name in SGLANG_SERVER_KEYS},
                 "device": self.device,
+                "torch": self.torch,
             }
         if self.container is not None:
             config["container"] = {
@@ -331,6 +341,12 @@ class ServerSettings:
     @property
     def in_container(self) -> bool:
         return self.runtime != "local"
+
+    @property
+    def platform(self) -> SGLangPlatform | None:
+        """Where a real SGLang server runs (config/platform.py); None for the
+        embedded engine."""
+        return None if self.device is None else platform_for(self.device, self.torch)
 
 
 @dataclass(frozen=True)

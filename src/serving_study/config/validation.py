@@ -216,12 +216,50 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
             "sglang: give either tiny_model or model_path, not both (tiny_model "
             "makes its own model)"
         )
+    problems += host_torch_problems(config)
+    problems += tiny_model_problems(sglang.get("tiny_model"))
     problems += release_series_problems(config)
     problems += bisect_problems(config, arm_names)
     problems += thread_quota_map_problems(config, variant_names, workload_names)
     problems += crosscheck_problems(config, arm_names)
     problems += server_argument_problems(config)
     return problems
+
+
+def host_torch_problems(config: dict) -> list[str]:
+    """The host's torch (sglang.torch: host) is a local GPU server's choice."""
+    sglang = config.get("sglang", {})
+    if config.get("engine") != "sglang" or sglang.get("torch") != "host":
+        return []
+    problems = []
+    if sglang.get("device") != "cuda":
+        problems.append(
+            "sglang.torch: host needs sglang.device: cuda (on CPU the workflow "
+            "builds SGLang's pinned stack; auto could resolve to cpu)"
+        )
+    if config.get("runtime") != "local":
+        problems.append(
+            "sglang.torch: host needs runtime: local (an image has SGLang's own stack)"
+        )
+    return problems
+
+
+def tiny_model_problems(tiny_model: dict | None) -> list[str]:
+    """A shape other than tiny fixes every size itself."""
+    if not tiny_model or tiny_model.get("shape", "tiny") == "tiny":
+        return []
+    sizes = property_schema("sglang", "tiny_model")["properties"]
+    return [
+        f"sglang.tiny_model.{key}: {tiny_model[key]} sets a size of shape tiny; "
+        f"shape {tiny_model['shape']} has its own, so leave it out"
+        for key in (
+            "text_hidden_size",
+            "text_layers",
+            "vision_hidden_size",
+            "vision_depth",
+        )
+        if key in tiny_model and tiny_model[key] != sizes[key]["default"]
+    ]
 
 
 def server_argument_problems(config: dict) -> list[str]:

@@ -21,7 +21,6 @@ from serving_study.config.platform import (
     PROJECT_ROOT,
     SGLangPlatform,
     compile_cache,
-    platform_for,
     python_path,
 )
 from serving_study.config.records import Arm, ServerSettings, Variant
@@ -145,9 +144,12 @@ def model_flags(load_format: str | None, dtype: str | None) -> tuple[str, ...]:
     return flags
 
 
-def image_engine(platform: SGLangPlatform) -> str:
+def image_engine(platform: SGLangPlatform) -> str | None:
     """The engine part of an SGLang variant image's tag: its Dockerfile's suffix
-    (``sglang`` on GPU hosts, ``sglang-cpu`` on CPU)."""
+    (``sglang`` on GPU hosts, ``sglang-cpu`` on CPU); None for a platform whose
+    servers never run in a container."""
+    if platform.dockerfile is None:
+        return None
     return platform.dockerfile.rsplit("Dockerfile.", 1)[1]
 
 
@@ -156,7 +158,7 @@ def sglang_command(server: ServerSettings, arm: Arm, variant: Variant) -> Engine
     reads its caches from, offline Hub access, the shared compile cache, what the
     platform needs, the arm's own variables (which win) and the probe's; on this
     host the variant's tree first on the path (an image has its own)."""
-    platform = platform_for(server.device)
+    platform = server.platform
     settings, in_container = server.sglang, server.in_container
     model_path = server.model_host_path
     mounts: tuple = ()
@@ -188,7 +190,9 @@ def sglang_command(server: ServerSettings, arm: Arm, variant: Variant) -> Engine
         REPORT_PRESENCE_VARIABLE: ",".join(sorted(arm.secret_environment)),
     }
     if not in_container:
-        environment["PYTHONPATH"] = python_path(platform, variant.sglang_python_root)
+        environment["PYTHONPATH"] = python_path(
+            platform, variant.sglang_python_root, server.runtime_site
+        )
     return EngineCommand(
         argv=(python, "-m", SERVER_MODULE, *arguments),
         environment=environment,

@@ -2,8 +2,9 @@
 
 A source is named in the config by one of three records:
 
-- ``{"name", "pypi": {"package", "version", "sha256"?}}``: the release wheel that pip
-  picks for the running Python (``pip download --only-binary``);
+- ``{"name", "pypi": {"package", "version", "sha256"?, "leave_out"?}}``: the release
+  wheel that pip picks for the running Python (``pip download --only-binary``),
+  less the package paths ``leave_out`` names;
 - ``{"name", "git": {"url", "commit"}}``: one full 40-hex commit of a repository;
 - ``{"name", "path": "..."}``: a local copy, either a wheel/sdist file or a directory
   that holds ``python/sglang/...`` or ``sglang/...``.
@@ -40,14 +41,20 @@ IDENTITY_FILE = "source.json"
 FILES_RECORD = "files.json"
 
 
-def fetch_source(record: dict, dest: Path, download_dir: Path | None = None) -> dict:
+def fetch_source(
+    record: dict,
+    dest: Path,
+    download_dir: Path | None = None,
+    python_version: str | None = None,
+) -> dict:
     """Lay out the source named by ``record`` at ``dest`` and return its identity.
 
     When ``dest`` already holds a tree fetched from the same pinned record (pypi or
     git), that tree's identity is returned without fetching again, once every file
     is found as recorded (RecordedFileChanged names one that is not); a local path,
     which may have changed, is always copied afresh. ``download_dir`` is an optional
-    cache of downloaded wheels (``pypi_source``).
+    cache of downloaded wheels, ``python_version`` the CPython a pypi source's
+    wheel is for when not this one (``pypi_source``).
     """
     # Absolute: git and pip run in temporary folders of their own.
     dest = Path(dest).absolute()
@@ -76,7 +83,10 @@ def fetch_source(record: dict, dest: Path, download_dir: Path | None = None) -> 
             "'pypi', 'git' or 'path'"
         )
     with staged_directory(dest) as staging:
-        details = fetchers[kind](record, staging, download_dir)
+        if kind == "pypi":
+            details = fetch_pypi_source(record, staging, download_dir, python_version)
+        else:
+            details = fetchers[kind](record, staging, download_dir)
         python_root = staging / "python"
         identity = {
             "name": record["name"],

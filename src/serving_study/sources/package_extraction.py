@@ -9,6 +9,7 @@ members or bytes than any SGLang release holds (a decompression bomb).
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import posixpath
 import shutil
 import stat
@@ -25,15 +26,20 @@ MAX_MEMBERS = 100_000
 MAX_BYTES = 8 << 30
 
 
-def extract_package_sources(archive: Path, python_dir: Path) -> None:
+def extract_package_sources(
+    archive: Path, python_dir: Path, leave_out: tuple[str, ...] = ()
+) -> dict[str, int]:
     """Copy the package inside a wheel or sdist to ``python_dir``: every file but
     bytecode, so a wheel's compiled extensions and data files come along (a real
     server imports them; the embedded engine needs only the ``.py`` files).
 
     The package is found wherever ``sglang/__init__.py`` sits nearest the archive's
     root: at the root of a wheel, under ``sglang-<version>/`` in an sdist, under
-    ``python/`` in a snapshot of the repository.
+    ``python/`` in a snapshot of the repository. ``leave_out`` names paths inside
+    the package (``multimodal_gen``, ``srt/rust_extensions/_server.*.so``: a folder,
+    a file or a glob) that are not copied; returned is how many files each left out.
     """
+    left_out = dict.fromkeys(leave_out, 0)
     with _opened_archive(archive) as (names, read):
         markers = [
             name.removesuffix(f"{PACKAGE}/__init__.py")
@@ -55,9 +61,25 @@ def extract_package_sources(archive: Path, python_dir: Path) -> None:
             relative = PurePosixPath(name).parts[depth:]
             if not relative:
                 continue
+            pattern = left_out_by(PurePosixPath(*relative), leave_out)
+            if pattern is not None:
+                left_out[pattern] += 1
+                continue
             target = python_dir.joinpath(PACKAGE, *relative)
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_bytes(read(name))
+    return left_out
+
+
+def left_out_by(relative: PurePosixPath, leave_out: tuple[str, ...]) -> str | None:
+    """The first pattern of ``leave_out`` that names ``relative`` or a folder of it."""
+    for pattern in leave_out:
+        if any(
+            fnmatch.fnmatchcase(str(PurePosixPath(*relative.parts[:length])), pattern)
+            for length in range(1, len(relative.parts) + 1)
+        ):
+            return pattern
+    return None
 
 
 @contextlib.contextmanager

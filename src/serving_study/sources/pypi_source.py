@@ -27,13 +27,23 @@ from serving_study.sources.source_errors import (
 PIP_DOWNLOAD_TIMEOUT_S = 1800
 
 
-def fetch_pypi_source(record: dict, staging: Path, download_dir: Path | None) -> dict:
-    """Lay out the package of the pinned wheel in ``staging``, keeping the wheel."""
+def fetch_pypi_source(
+    record: dict,
+    staging: Path,
+    download_dir: Path | None,
+    python_version: str | None = None,
+) -> dict:
+    """Lay out the package of the pinned wheel in ``staging``, keeping the wheel,
+    less what the pin's ``leave_out`` names. The wheel is the one for this Python,
+    or for CPython ``python_version`` on Linux x86-64 (a host the tree is made
+    for elsewhere: docs/gpu-hosts.md)."""
     pin = record["pypi"]
     package, version = pin["package"], pin["version"]
     archive_dir = staging / "archive"
     archive_dir.mkdir()
-    wheel = _download_wheel(record["name"], package, version, archive_dir, download_dir)
+    wheel = _download_wheel(
+        record["name"], package, version, archive_dir, download_dir, python_version
+    )
     digest = file_sha256(wheel)
     pinned = pinned_digests(pin)
     if pinned and digest not in pinned:
@@ -53,13 +63,15 @@ def fetch_pypi_source(record: dict, staging: Path, download_dir: Path | None) ->
         )
     if download_dir is not None:
         _keep_in_cache(wheel, Path(download_dir))
-    extract_package_sources(wheel, staging / "python")
+    leave_out = tuple(pin.get("leave_out", ()))
+    left_out = extract_package_sources(wheel, staging / "python", leave_out)
     return {
         "kind": "pypi",
         "package": package,
         "version": version,
         "file": wheel.name,
         "sha256": digest,
+        **({"files_left_out": left_out} if leave_out else {}),
     }
 
 
@@ -71,12 +83,29 @@ def pinned_digests(pin: dict) -> list[str]:
     ]
 
 
+# The platforms a wheel for another Python may be built for: Linux x86-64 with
+# glibc 2.17 or newer (SGLang's own wheels are manylinux_2_34).
+OTHER_PYTHON_PLATFORMS = tuple(
+    f"manylinux_2_{minor}_x86_64" for minor in range(39, 16, -1)
+)
+
+
 def _download_wheel(
-    name: str, package: str, version: str, into: Path, download_dir: Path | None
+    name: str,
+    package: str,
+    version: str,
+    into: Path,
+    download_dir: Path | None,
+    python_version: str | None = None,
 ) -> Path:
-    """Download the wheel of ``package==version`` that suits this Python into ``into``
-    (from ``download_dir`` first, without the network)."""
+    """Download the wheel of ``package==version`` that suits this Python (or
+    CPython ``python_version``) into ``into`` (from ``download_dir`` first,
+    without the network)."""
     requirement = f"{package}=={version}"
+    target = []
+    if python_version is not None:
+        target = ["--python-version", python_version, "--implementation", "cp"]
+        target += [f"--platform={tag}" for tag in OTHER_PYTHON_PLATFORMS]
     sources = []
     if download_dir is not None and Path(download_dir).is_dir():
         sources.append(["--no-index", "--find-links", str(download_dir)])
@@ -87,7 +116,7 @@ def _download_wheel(
             leftover.unlink()
         command = [sys.executable, "-m", "pip", "download", "--no-deps"]
         command += ["--only-binary=:all:", "--disable-pip-version-check", "--no-input"]
-        command += ["--retries=2", "--timeout=30", *index_options]
+        command += ["--retries=2", "--timeout=30", *target, *index_options]
         command += ["--dest", str(into), "--", requirement]
         try:
             result = subprocess.run(

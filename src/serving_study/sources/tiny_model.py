@@ -1,4 +1,4 @@
-"""Write a seeded tiny Qwen3-VL that a real SGLang server loads with random weights.
+"""Write a seeded Qwen3-VL that a real SGLang server loads with random weights.
 
 The study measures SGLang's main-process cost per image request (preprocessing, the
 shared-memory copy of ``pixel_values``), which depends on the image processor and the
@@ -13,7 +13,9 @@ Everything is derived from ``TinyModelSettings`` (``tiny_model_settings``), the
 tokenizer and processor files by ``tiny_model_processor``; every JSON file has sorted
 keys and a fixed indent, so the same settings always give byte-identical files. This
 module writes the model's config and the directory, built beside its destination and
-renamed into place, so an interrupted write leaves nothing half-written.
+renamed into place, so an interrupted write leaves nothing half-written. Shape
+``qwen3-vl-4b`` writes the real Qwen3-VL-4B's sizes instead, with the same tokenizer
+and processor files (``tiny_model_settings.ModelShape``).
 """
 
 from __future__ import annotations
@@ -44,17 +46,9 @@ from serving_study.sources.tiny_model_processor import (
 )
 from serving_study.sources.tiny_model_settings import (
     MAX_POSITION_EMBEDDINGS,
-    MODEL_NAME,
-    VISION_HEADS,
     TinyModelSettings,
 )
 
-# The text stack's attention shape is fixed: mrope_section must add up to half the
-# head dimension (4 + 2 + 2 = 16 / 2), split over time, height and width.
-TEXT_HEADS = 4
-TEXT_KV_HEADS = 2
-TEXT_HEAD_DIM = 16
-MROPE_SECTION = (4, 2, 2)
 ROPE_THETA = 5_000_000
 
 # The real Qwen3-VL's 48x48 grid of learned vision positions (interpolated per image).
@@ -70,7 +64,8 @@ def write_tiny_qwen3_vl(dest: Path, settings: TinyModelSettings) -> dict:
             (staging / name).write_bytes(content)
         # mkdtemp's private mode would hide the model from a server run as another user.
         os.chmod(staging, 0o755)
-    record = snapshot_record(MODEL_NAME, dest, snapshot_files(dest), origin="tiny")
+    name = settings.model_shape.name
+    record = snapshot_record(name, dest, snapshot_files(dest), origin="tiny")
     return record | {"load_format": "dummy", "settings": settings.as_dict()}
 
 
@@ -95,47 +90,47 @@ def json_bytes(value: dict) -> bytes:
 
 
 def model_config(settings: TinyModelSettings, token_ids: Mapping[str, int]) -> dict:
+    shape = settings.model_shape
     text_config = {
         "attention_bias": False,
         "attention_dropout": 0.0,
         "bos_token_id": token_ids[ENDOFTEXT],
         "dtype": settings.dtype,
         "eos_token_id": token_ids[IM_END],
-        "head_dim": TEXT_HEAD_DIM,
+        "head_dim": shape.text_head_dim,
         "hidden_act": "silu",
-        "hidden_size": settings.text_hidden_size,
+        "hidden_size": shape.text_hidden_size,
         "initializer_range": 0.02,
-        "intermediate_size": 3 * settings.text_hidden_size,
+        "intermediate_size": shape.text_intermediate_size,
         "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
         "model_type": "qwen3_vl_text",
-        "num_attention_heads": TEXT_HEADS,
-        "num_hidden_layers": settings.text_layers,
-        "num_key_value_heads": TEXT_KV_HEADS,
+        "num_attention_heads": shape.text_heads,
+        "num_hidden_layers": shape.text_layers,
+        "num_key_value_heads": shape.text_kv_heads,
         "rms_norm_eps": 1e-6,
         "rope_scaling": {
             "mrope_interleaved": True,
-            "mrope_section": list(MROPE_SECTION),
+            "mrope_section": list(shape.mrope_section),
             "rope_type": "default",
         },
         "rope_theta": ROPE_THETA,
         "tie_word_embeddings": True,
         "use_cache": True,
-        # Exactly the tokenizer's ids: every id the random model samples decodes.
-        "vocab_size": max(token_ids.values()) + 1,
+        "vocab_size": shape.vocab_size or max(token_ids.values()) + 1,
     }
     vision_config = {
-        # The block index whose features are also fed into the first text layer.
-        "deepstack_visual_indexes": [0],
-        "depth": settings.vision_depth,
+        # The block indexes whose features are also fed into the first text layers.
+        "deepstack_visual_indexes": list(shape.deepstack_visual_indexes),
+        "depth": shape.vision_depth,
         "hidden_act": "gelu_pytorch_tanh",
-        "hidden_size": settings.vision_hidden_size,
+        "hidden_size": shape.vision_hidden_size,
         "in_channels": 3,
         "initializer_range": 0.02,
-        "intermediate_size": 4 * settings.vision_hidden_size,
+        "intermediate_size": shape.vision_intermediate_size,
         "model_type": "qwen3_vl",
-        "num_heads": VISION_HEADS,
+        "num_heads": shape.vision_heads,
         "num_position_embeddings": NUM_POSITION_EMBEDDINGS,
-        "out_hidden_size": settings.text_hidden_size,
+        "out_hidden_size": shape.text_hidden_size,
         "patch_size": PATCH_SIZE,
         "spatial_merge_size": SPATIAL_MERGE_SIZE,
         "temporal_patch_size": TEMPORAL_PATCH_SIZE,
