@@ -85,6 +85,11 @@ def test_an_arm_with_a_rate_draws_from_its_workloads_seed_and_a_closed_loop_none
     )
     assert open_loop.load == "2.5 req/s (burstiness 0.5), at most 4 in flight"
     assert closed.load == "closed loop, 4 in flight"
+    # A closed loop's params are what they were before open loops: no run measured
+    # then is measured again. An open loop's carry both keys to its job.
+    assert not {"request_rate", "burstiness"} & set(closed.as_config())
+    assert open_loop.as_config()["burstiness"] == 0.5
+    assert type(closed).from_config(open_loop.as_config()) == open_loop
 
 
 def most_overlapping(intervals: list[tuple[float, float]]) -> int:
