@@ -226,10 +226,13 @@ def config_part(keys):
 
 
 def report_config():
-    """What the report reads of the config (REPORT_KEYS, sglang's device)."""
+    """What the report reads of the config (REPORT_KEYS; for real SGLang where the
+    server ran and the model it served)."""
     part = config_part(REPORT_KEYS)
     if SERVER.engine == "sglang":
-        part["sglang"] = {"device": SERVER.device}
+        part["sglang"] = {"device": SERVER.device, "torch": SERVER.torch}
+        if "tiny_model" in config["sglang"]:
+            part["sglang"]["tiny_model"] = config["sglang"]["tiny_model"]
     if SERVER.container is not None:
         part["container"] = dict(SERVER.container)
     if SERVER.engine == "embedded":
@@ -265,9 +268,12 @@ def map_table_files():
 
 
 def final_outputs():
+    # The cross-check's tables too: a report made before the config asked for it
+    # is then older than its new input, and is made again.
     return [
         f"results/{EXPERIMENT}/report.html",
         f"results/{EXPERIMENT}/tables/arms.csv",
+        *crosscheck_table_files(),
     ]
 
 

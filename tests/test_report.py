@@ -529,6 +529,20 @@ def test_a_real_server_on_cpu_says_what_differs_from_a_gpu_host():
     assert platform_html(ReportSettings.from_config(embedded)) == ""
 
 
+def test_a_real_server_with_the_hosts_torch_names_every_deviation_and_its_model():
+    config = yaml.safe_load((ROOT / "config" / "gpu-host-real.yaml").read_text())
+    settings = ReportSettings.from_config(config)
+    text = platform_html(settings)
+
+    assert "with this host&#39;s torch: what differs from the study" in text
+    for named in ("torch 2.14.1", "sgl-kernel is a stand-in", "cutlass", "Triton"):
+        assert named in text.replace("&#39;", "'"), named
+    assert "no CUDA graphs" in text and "muse_spark" in text
+    assert "A, B, C, D, E, A-passive, A-spin0; the whole server" in text
+    assert settings.model.startswith("a stand-in: a Qwen3-VL with every size of ")
+    assert "random weights" in settings.model and "tiny tokenizer" in settings.model
+
+
 # --- in a browser: no text from the inputs runs -------------------------------
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")

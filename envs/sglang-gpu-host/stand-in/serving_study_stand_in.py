@@ -67,8 +67,8 @@ def placeholder_function(name: str, stand_in: str) -> Callable[..., NoReturn]:
     def placeholder(*args: object, **kwargs: object) -> NoReturn:
         refuse(name, stand_in)
 
-    placeholder.__name__ = name.rsplit(".", 1)[-1]
-    placeholder.__qualname__ = name
+    placeholder.__module__, placeholder.__name__ = name.rsplit(".", 1)
+    placeholder.__qualname__ = placeholder.__name__
     placeholder.default = placeholder
     return placeholder
 

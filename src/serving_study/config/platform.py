@@ -137,6 +137,7 @@ class SGLangPlatform:
     runtime_lock: str | None
     runtime_record: str | None
     differences: tuple[str, ...]
+    differences_heading: str = ""
 
     @property
     def builds_runtime(self) -> bool:
@@ -155,6 +156,7 @@ CPU_PLATFORM = SGLangPlatform(
     runtime_lock=CPU_RUNTIME_LOCK,
     runtime_record=CPU_RUNTIME_RECORD,
     differences=CPU_HOST_DIFFERENCES,
+    differences_heading="SGLang's real server on CPU: what differs from a GPU host",
 )
 GPU_PLATFORM = SGLangPlatform(
     device="cuda",
@@ -179,6 +181,9 @@ HOST_TORCH_PLATFORM = SGLangPlatform(
     runtime_lock=HOST_TORCH_RUNTIME_LOCK,
     runtime_record=HOST_TORCH_RUNTIME_RECORD,
     differences=HOST_TORCH_DIFFERENCES,
+    differences_heading=(
+        "SGLang's real server with this host's torch: what differs from the study"
+    ),
 )
 PLATFORMS = (CPU_PLATFORM, GPU_PLATFORM, HOST_TORCH_PLATFORM)
 

@@ -13,7 +13,9 @@ from dataclasses import dataclass
 from typing import Self
 
 from serving_study.analysis.release_change import ChangeCriterion
+from serving_study.config.platform import SGLangPlatform, platform_for
 from serving_study.config.records import Arm, config_values
+from serving_study.sources.tiny_model_settings import TINY
 
 OPTIONAL_KEYS = ("description", "reference", "release_series", "change_criterion")
 
@@ -21,7 +23,8 @@ OPTIONAL_KEYS = ("description", "reference", "release_series", "change_criterion
 @dataclass(frozen=True)
 class ReportSettings:
     """What the report reads of the config, arms in config order; ``sglang_device``
-    is the config's ``sglang.device`` for real SGLang, None for the embedded engine."""
+    is the config's ``sglang.device`` for real SGLang, None for the embedded engine,
+    and ``platform`` where its server ran (config/platform.py)."""
 
     experiment: str
     description: str
@@ -34,15 +37,19 @@ class ReportSettings:
     model: str
     runtime: str = "local"
     container: Mapping | None = None
+    platform: SGLangPlatform | None = None
 
     @classmethod
     def from_config(cls, config: Mapping) -> Self:
         values = config_values(config, OPTIONAL_KEYS)
         engine = str(config["engine"])
-        device = None
+        device = platform = None
+        sglang = config.get("sglang", {})
         if engine == "sglang":
-            sglang = config.get("sglang", {})
-            device = config_values(sglang, ("device",), "sglang")["device"]
+            where = config_values(sglang, ("device", "torch"), "sglang")
+            device = where["device"]
+            if device != "auto":
+                platform = platform_for(device, where["torch"])
         return cls(
             experiment=str(config["experiment"]),
             description=str(values["description"]),
@@ -55,6 +62,7 @@ class ReportSettings:
             runtime=str(config.get("runtime", "local")),
             container=config.get("container"),
             model=served_by(config, engine, device),
+            platform=platform,
         )
 
     @property
@@ -77,6 +85,12 @@ def served_by(config: Mapping, engine: str, device: str | None) -> str:
             f"{ms['prefill_ms_per_image']} ms of prefill per image, "
             f"{ms['decode_step_ms']} ms per decode step"
         )
-    if device == "cpu":
+    tiny_model = config.get("sglang", {}).get("tiny_model")
+    if tiny_model and tiny_model.get("shape", TINY) != TINY:
+        return (
+            "a stand-in: a Qwen3-VL with every size of Qwen3-VL-4B-Instruct, random "
+            "weights and a seeded tiny tokenizer"
+        )
+    if device == "cpu" or tiny_model:
         return "a stand-in: a seeded tiny Qwen3-VL with random weights"
     return "the real model (SGLang's server on the GPU)"

@@ -1,13 +1,12 @@
 """The setup section: the host, when the runs were measured, each arm's
 settings, the variants and where their engine source came from, and for real
-SGLang on a CPU host what differs from a GPU host."""
+SGLang on a CPU host or with a GPU host's own torch what differs."""
 
 from datetime import UTC, datetime
 
 import pandas as pd
 
 from serving_study.analysis.summaries import describe_environment
-from serving_study.config.platform import CPU_HOST_DIFFERENCES
 from serving_study.report.formatting import describe
 from serving_study.report.markup import Table, render
 from serving_study.report.settings import ReportSettings
@@ -148,11 +147,16 @@ def run_dates(runs: pd.DataFrame) -> str:
 
 
 def platform_html(settings: ReportSettings) -> str:
-    """For real SGLang on a CPU host: what differs from a GPU host, and which arms
-    have the quota on the main process alone; nothing elsewhere."""
-    if not settings.sglang_on_cpu:
+    """For real SGLang on a platform that differs from the study's (a CPU host, a
+    GPU host's own torch): what differs, and which arms have the quota on the main
+    process alone; nothing elsewhere."""
+    platform = settings.platform
+    if platform is None or not platform.differences:
         return ""
     main_only = [arm.name for arm in settings.arms if arm.quota_scope == "main_process"]
     return render(
-        "platform.html.j2", differences=CPU_HOST_DIFFERENCES, main_only=main_only
+        "platform.html.j2",
+        heading=platform.differences_heading,
+        differences=platform.differences,
+        main_only=main_only,
     )
