@@ -372,3 +372,49 @@ def test_a_run_spoiled_by_other_load_is_tried_again_once_the_host_is_quiet(
     assert "other work on the host" in runs.loc["original", "retried_because"]
     assert runs.loc["original", "valid"]
     assert "retried because" in (results / "report.html").read_text()
+
+
+@pytest.mark.slow
+def test_our_client_and_bench_serving_run_one_arm_side_by_side(
+    finished_study, tmp_path, sglang_cpu_runtime
+):
+    """The client cross-check (config client_crosscheck), one pair on arm
+    original: our client's run and SGLang 0.5.23's own bench_serving, each on a
+    fresh server of the arm, both valid; the table, bench_serving's own result
+    and the report show them, and the study's runs are not measured again."""
+    study = tmp_path / "study"
+    shutil.copytree(finished_study, study, symlinks=True)
+    # The real server's CPU runtime, where rule sglang_runtime puts it.
+    built = Path(sglang_cpu_runtime["python"]).parents[2]
+    (study / "resources").mkdir(exist_ok=True)
+    (study / "resources" / "sglang-runtime").symlink_to(built)
+    results = study / "results" / EXPERIMENT
+    run = results / "original" / "run1" / "metrics.json"
+    measured_before = run.read_bytes()
+    overlay = tmp_path / "crosscheck.yaml"
+    overlay.write_text(
+        yaml.safe_dump({"client_crosscheck": {"arm": "original", "pairs": 1}})
+    )
+    finished = subprocess.run(
+        snakemake_command(study, "--cores", "1", "all", config=(CONFIG, overlay)),
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    runs = pd.read_csv(results / "tables" / "client_crosscheck_runs.csv")
+    assert list(runs["client"]) == ["ours", "bench_serving"]
+    assert runs["valid"].all(), list(runs["invalid_reasons"])
+    assert list(runs["requests_completed"]) == [12, 12]
+    pair = results / "crosscheck" / "original" / "pair1"
+    theirs = json.loads((pair / "bench_serving" / "bench_serving.json").read_text())
+    assert theirs["backend"] == "sglang-oai-chat" and theirs["max_concurrency"] == 4
+    assert theirs["completed"] == 12 and theirs["total_output_tokens"] == 12 * 8
+    summary = pd.read_csv(results / "tables" / "client_crosscheck.csv").iloc[0]
+    assert summary["valid_pairs"] == 1 and summary["ratio"] > 0
+    assert summary["verdict"].endswith("within 5%")
+    assert (
+        "Our client against SGLang&#39;s bench_serving"
+        in (results / "report.html").read_text()
+    )
+    assert run.read_bytes() == measured_before

@@ -11,7 +11,8 @@ the server serves, so it never looks anything up on the Hub.
 The monitors' window follows bench_serving's own: it opens one second after the
 line saying its warm-up is done (it sleeps that second before its clock starts)
 and closes at its results banner. The window's host load counts bench_serving's
-CPU as the run's own, as it counts our client's. The run is then judged as ours
+CPU as the run's own, as it counts our client's, and its CPU per request over the
+window is kept beside the run's figures. The run is then judged as ours
 are, on the same server, quota, environment and host-load checks
 (``run_validity.server_reasons``); its requests are judged on bench_serving's
 result: every one completed, as many as asked.
@@ -296,15 +297,22 @@ def _measure(
             stderr=subprocess.STDOUT,
             text=True,
         )
+        client_cpu = ProcessCpu(process.pid)
         run_monitors = RunMonitors(
             server.pid,
             server.group,
             sample_hz=monitors.sample_hz,
             thread_sample_hz=monitors.thread_sample_hz,
             gpu=monitors.gpu,
-            host_load=HostLoadMeter([*own_groups, ProcessCpu(process.pid)]),
+            host_load=HostLoadMeter([*own_groups, client_cpu]),
         )
-        opening = threading.Timer(AFTER_WARMUP_S, run_monitors.start_window)
+        cpu_at_start = []
+
+        def open_window() -> None:
+            cpu_at_start.append(client_cpu.read_stat().usage_seconds)
+            run_monitors.start_window()
+
+        opening = threading.Timer(AFTER_WARMUP_S, open_window)
         watchdog = threading.Timer(deadline_s, process.kill)
         watchdog.start()
         try:
@@ -316,6 +324,8 @@ def _measure(
                 elif RESULTS_BANNER in line and opening.ident is not None:
                     opening.join()  # a run shorter than a second waits for it
                     window = run_monitors.stop_window()
+                    cpu = client_cpu.read_stat().usage_seconds - cpu_at_start[0]
+                    window["client_cpu_seconds"] = round(cpu, 3)
             code = process.wait()
         finally:
             watchdog.cancel()
@@ -358,6 +368,9 @@ def _metrics(result: dict, window: dict, arm: Arm, checks: dict, label: str) -> 
         **monitor_figures(window),
     }
     metrics |= cpu_per_request(metrics)
+    if result["completed"]:
+        cpu_ms = 1000 * window["client_cpu_seconds"] / result["completed"]
+        metrics["client_cpu_ms_per_request"] = cpu_ms
     return metrics | {
         "valid": not reasons,
         "invalid_reasons": reasons,

@@ -41,21 +41,42 @@ RUN_FIGURES = (
     "throttled_share",
     "host_other_cores",
     "host_steal_cores",
+    "client_cpu_ms_per_request",
 )
 # Figures each client's median is shown for, side by side.
-SIDE_BY_SIDE = ("throughput_rps", "ttft_p50_ms", "ttft_p99_ms", "e2e_p50_ms")
+SIDE_BY_SIDE = (
+    "throughput_rps",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "e2e_p50_ms",
+    "client_cpu_ms_per_request",
+)
 
 
 def read_pair(directory: Path) -> dict:
-    """A pair's record and each client's metrics."""
+    """A pair's record and each client's metrics, ours with its CPU per request."""
     directory = Path(directory)
-    return {
+    pair = {
         "record": json.loads((directory / "pair.json").read_text()),
         **{
             client: json.loads((directory / client / "metrics.json").read_text())
             for client in CLIENTS
         },
     }
+    pair[OURS]["client_cpu_ms_per_request"] = our_cpu_per_request(directory / OURS)
+    return pair
+
+
+def our_cpu_per_request(run: Path) -> float | None:
+    """Our client's CPU per request of its run, warm-up included (it counts the
+    whole load, less what the monitors' sampler took in the same process)."""
+    client = json.loads((run / "provenance.json").read_text()).get("client")
+    monitors = json.loads((run / "monitors.json").read_text())
+    if not client or not monitors:
+        return None
+    requests = client["warmup_requests"] + client["measured_requests"]
+    cpu = client["client_cpu_seconds"] - monitors["sampler_cpu_seconds"]
+    return 1000 * cpu / requests
 
 
 def runs_table(pairs: list[dict]) -> pd.DataFrame:
