@@ -88,7 +88,7 @@ def ensure_host_torch_runtime(
             f"downloading {len(missing)} wheels into {wheels}: {', '.join(missing)}"
         )
         _pip(python, "download", lock_file, ["--dest", str(wheels)], progress)
-    _install(python, lock_file, wheels, dest / SITE, progress)
+    install_site(python, lock_file, wheels, dest / SITE, progress)
     record = _record(python, lock_file, lock_sha256, dest / SITE)
     write_json(dest / FILES_RECORD, file_digests(dest / SITE))
     write_json(dest / RECORD, record)
@@ -126,7 +126,7 @@ def _reusable_record(dest: Path, lock_sha256: str, python: Path) -> dict | None:
     return record if reusable else None
 
 
-def _install(
+def install_site(
     python: Path,
     lock_file: Path,
     wheels: Path,
