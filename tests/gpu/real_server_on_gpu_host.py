@@ -17,7 +17,12 @@ network; a call runs 10 minutes at most and carries 64 MiB at most). Each call:
    (``restore_real_server.py``);
 4. runs the workflow on as many of the runs still to do, in their block order, as
    fit in ``--seconds`` at the pace of the runs so far, or, once every run is
-   done, on the tables;
+   done, on the tables. A job is redone only when an output is missing or older
+   than an input (``--rerun-triggers mtime``): the source and whatever a call
+   carried in have no Snakemake records here, and the checkout's own files,
+   copied afresh by every call, are dated to the epoch first, so that a copy is
+   never taken for a change (a change to the config or the code between calls
+   redoes nothing: make none);
 5. writes to OUT: ``status.json`` (the parts, the runs done and to do, the pace),
    ``snakemake.log`` and ``results.tar.gz``, all a later call needs to resume:
    the results without the variants' trees and the workload's images (made again
@@ -55,6 +60,9 @@ SOURCES = ROOT / "resources" / "sources"
 FIRST_RUN_S = 130.0
 PREPARATION_S = 150.0
 SNAKEMAKE_START_S = 20.0
+# What the workflow makes, which keeps its own dates; every other file of the
+# checkout is a source, dated to the epoch before Snakemake compares dates.
+PRODUCTS = {"results", "resources", ".snakemake", ".device", ".git", ".pytest_cache"}
 # What results.tar.gz leaves out, (folder, its child) of results/<experiment>/:
 # made again from the records that travel; the folders' timestamps travel.
 REMADE = {("variants", "source"), ("workloads", "images")}
@@ -154,8 +162,9 @@ def done_runs(config: dict) -> dict[tuple[str, int], float]:
 
 
 def targets(config: dict, seconds: float) -> tuple[list[str], dict]:
-    """The runs still to do that fit, in block order, or the tables when none is
-    left; and the plan's figures."""
+    """The runs still to do that fit, in block order (the launch plans when none
+    fits beside the preparation; nothing when none fits at all), or the tables
+    when none is left; and the plan's figures."""
     experiment = config["experiment"]
     done = done_runs(config)
     order = execution_order(runs_of(config), config["seed"])
@@ -183,13 +192,34 @@ def targets(config: dict, seconds: float) -> tuple[list[str], dict]:
     ], plan
 
 
+def date_sources_to_the_epoch() -> None:
+    """Every file of the checkout that the workflow did not make, to 1970: a call
+    copies them afresh, and a fresh copy must not look newer than the results."""
+    for directory, folders, files in os.walk(ROOT):
+        here = Path(directory)
+        if here == ROOT:
+            folders[:] = [name for name in folders if name not in PRODUCTS]
+        folders[:] = [name for name in folders if name != "__pycache__"]
+        for name in files:
+            path = here / name
+            if not path.is_symlink():
+                os.utime(path, (0, 0))
+
+
+def workflow_environment() -> dict[str, str]:
+    """This project's package and Snakemake's wheels on the path."""
+    path = [str(ROOT / "src"), str(WORKFLOW_SITE), os.getenv("PYTHONPATH")]
+    path = os.pathsep.join(filter(None, path))
+    return dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path)
+
+
 def run_workflow(chosen: list[str], seconds: float, out: Path) -> int:
-    environment = dict(os.environ, PYTHONUNBUFFERED="1")
-    environment["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(WORKFLOW_SITE)])
+    environment = workflow_environment()
     argv = ["timeout", "--signal=INT", "--kill-after=45", str(int(seconds))]
-    argv += [sys.executable, "-m", "snakemake", "--cores", str(os.cpu_count())]
+    # The targets first: --rerun-triggers and --configfile take every word after.
+    argv += [sys.executable, "-m", "snakemake", *chosen, "--cores", str(os.cpu_count())]
     argv += ["--scheduler", "greedy", "--rerun-incomplete", "--keep-going"]
-    argv += ["--configfile", CONFIG, *chosen]
+    argv += ["--rerun-triggers", "mtime", "--configfile", CONFIG]
     with (out / "snakemake.log").open("w") as log:
         log.write("$ " + " ".join(argv) + "\n")
         log.flush()
@@ -251,16 +281,16 @@ def main() -> int:
     results = ROOT / "results" / config["experiment"]
     if RESUME.is_file() and not results.exists():
         restore = ROOT / "tests" / "gpu" / "restore_real_server.py"
-        environment = dict(os.environ, PYTHONPATH=f"{ROOT / 'src'}:{WORKFLOW_SITE}")
-        subprocess.run(
-            [sys.executable, str(restore), str(RESUME)], env=environment, check=True
-        )
+        argv = [sys.executable, str(restore), str(RESUME)]
+        subprocess.run(argv, env=workflow_environment(), check=True)
         status["restored_from"] = str(RESUME.relative_to(ROOT))
+    date_sources_to_the_epoch()
     left = arguments.seconds - (time.monotonic() - started)
     chosen, status["plan"] = targets(config, left)
     status["targets"] = chosen
     print(json.dumps(status["plan"]))
-    status["snakemake_exit"] = run_workflow(chosen, left, out)
+    # No run fits the time left: Snakemake without targets would start them all.
+    status["snakemake_exit"] = run_workflow(chosen, left, out) if chosen else None
     status["runs_done"] = len(done_runs(config))
     pack_results(config["experiment"], out)
     status["seconds"] = round(time.monotonic() - started, 1)
@@ -270,7 +300,7 @@ def main() -> int:
             {key: status[key] for key in ("runs_done", "snakemake_exit", "seconds")}
         )
     )
-    return 0 if status["snakemake_exit"] == 0 else 1
+    return 0 if status["snakemake_exit"] in (0, None) else 1
 
 
 if __name__ == "__main__":

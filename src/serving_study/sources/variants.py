@@ -14,12 +14,12 @@ copies first. Its identity records exactly what went into it, down to the sha256
 
 from __future__ import annotations
 
-import compileall
 import logging
 import os
 import re
 import shutil
 import subprocess
+import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -101,7 +101,7 @@ def prepare_variant(
     if compile_bytecode:
         # Into the source tree once (bytecode is never among its recorded files):
         # each variant's linked copy then recompiles only what its change touched.
-        compileall.compile_dir(source_python, quiet=1, workers=0)
+        compile_tree(source_python)
     with staged_directory(dest) as staging:
         shutil.copytree(
             source_python,
@@ -147,7 +147,7 @@ def prepare_variant(
             }
         if compile_bytecode:
             _drop_bytecode_of_changed_modules(staging / "python", source_python)
-            compileall.compile_dir(staging / "python", quiet=1, workers=0)
+            compile_tree(staging / "python")
         transport_module = staging / TRANSPORT_MODULE
         if not transport_module.is_file():
             raise ValueError(
@@ -164,6 +164,21 @@ def prepare_variant(
             "created_at": datetime.now(UTC).isoformat(timespec="seconds"),
         }
     return identity
+
+
+def compile_tree(tree: Path) -> None:
+    """Write the bytecode of every module under ``tree``, on every CPU.
+
+    In a process of its own: compileall's workers start from a forkserver, which
+    from Python 3.12 on runs the parent's main script again in each of them, and a
+    Snakemake job's script does not run outside its job. A module that does not
+    compile is left to the server to report."""
+    subprocess.run(
+        [sys.executable, "-m", "compileall", "-q", "-j", "0", str(tree)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        check=False,
+    )
 
 
 def apply_patch(patch_path: Path, tree: Path, shown_as: str | None = None) -> str:
