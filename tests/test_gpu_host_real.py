@@ -369,3 +369,28 @@ def test_a_wheel_missing_from_the_folder_is_named(runtime_folder):
 def test_the_lock_and_stand_ins_the_workflow_names_exist():
     for relative in (HOST_TORCH_PLATFORM.runtime_lock, GPU_STAND_IN_DIRECTORY):
         assert (PROJECT_ROOT / relative).exists(), relative
+
+
+def test_the_pilot_is_the_config_less_two_arms_and_a_run(config):
+    """What its header says: gpu-host-real.yaml's server, model, workload, quota
+    and bounds, five of its arms, two runs each, every claim on two runs a side."""
+    path = PROJECT_ROOT / "config" / "gpu-host-real-pilot.yaml"
+    schema = PROJECT_ROOT / "config" / "schema" / "config.schema.yaml"
+    pilot = check_config(
+        yaml.safe_load(path.read_text()), schema, [str(path)], PROJECT_ROOT
+    )
+    for key in ("engine", "runtime", "sources", "variants", "workloads", "sglang"):
+        assert pilot[key] == config[key], key
+    assert (pilot["client"], pilot["host_sharing"]) == (
+        config["client"],
+        config["host_sharing"],
+    )
+    arms = {arm["name"]: arm for arm in config["arms"]}
+    assert [arm["name"] for arm in pilot["arms"]] == ["A", "B", "C", "E", "A-passive"]
+    for arm in pilot["arms"]:
+        assert arm == arms[arm["name"]] | {"runs": 2}
+    bounds = {claim["name"]: claim for claim in config["claims"]}
+    for claim in pilot["claims"]:
+        assert claim["min_valid_runs"] == 2
+        assert claim["bound_from"] == bounds[claim["name"]]["bound_from"]
+        assert claim.get("at_least") == bounds[claim["name"]].get("at_least")

@@ -1,6 +1,6 @@
 """config/gpu-host-real.yaml on our GPU host, one device call at a time.
 
-    python3 tests/gpu/real_server_on_gpu_host.py OUT [--seconds 540]
+    python3 tests/gpu/real_server_on_gpu_host.py OUT [--seconds 540] [--config FILE]
 
 Run from the project root on the host (one H200, Python 3.12 with torch 2.11, no
 network; a call runs 10 minutes at most and carries 64 MiB at most). Each call:
@@ -70,6 +70,31 @@ KEPT_IN_REMADE = ".snakemake_timestamp"
 
 sys.path.insert(0, str(ROOT / "src"))
 from serving_study.config.arm_order import execution_order  # noqa: E402
+
+
+def host_facts() -> dict:
+    """What the call found: its GPU, CPUs and Python with torch."""
+    facts = {"name": os.uname().nodename, "cpus": os.cpu_count()}
+    for key, argv in (
+        (
+            "gpu",
+            ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+        ),
+        (
+            "python",
+            [
+                sys.executable,
+                "-c",
+                "import sys, torch; print(sys.version.split()[0], torch.__version__)",
+            ],
+        ),
+    ):
+        try:
+            found = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+            facts[key] = (found.stdout or found.stderr).strip()
+        except (OSError, subprocess.TimeoutExpired) as error:
+            facts[key] = str(error)
+    return facts
 
 
 def sha256(path: Path) -> str:
@@ -213,13 +238,13 @@ def workflow_environment() -> dict[str, str]:
     return dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=path)
 
 
-def run_workflow(chosen: list[str], seconds: float, out: Path) -> int:
+def run_workflow(chosen: list[str], seconds: float, out: Path, config: str) -> int:
     environment = workflow_environment()
     argv = ["timeout", "--signal=INT", "--kill-after=45", str(int(seconds))]
     # The targets first: --rerun-triggers and --configfile take every word after.
     argv += [sys.executable, "-m", "snakemake", *chosen, "--cores", str(os.cpu_count())]
     argv += ["--scheduler", "greedy", "--rerun-incomplete", "--keep-going"]
-    argv += ["--rerun-triggers", "mtime", "--configfile", CONFIG]
+    argv += ["--rerun-triggers", "mtime", "--configfile", config]
     with (out / "snakemake.log").open("w") as log:
         log.write("$ " + " ".join(argv) + "\n")
         log.flush()
@@ -265,12 +290,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("out", type=Path)
     parser.add_argument("--seconds", type=float, default=540.0)
+    parser.add_argument("--config", default=CONFIG, help="an experiment of this host")
     arguments = parser.parse_args()
     started = time.monotonic()
     out = arguments.out
     out.mkdir(parents=True, exist_ok=True)
-    config = yaml.safe_load((ROOT / CONFIG).read_text())
-    status = {"config": CONFIG, "host": os.uname().nodename}
+    config = yaml.safe_load((ROOT / arguments.config).read_text())
+    status = {"config": arguments.config, "host": host_facts()}
     files, missing = staged_files()
     status["parts_missing"] = missing
     if missing:
@@ -281,7 +307,7 @@ def main() -> int:
     results = ROOT / "results" / config["experiment"]
     if RESUME.is_file() and not results.exists():
         restore = ROOT / "tests" / "gpu" / "restore_real_server.py"
-        argv = [sys.executable, str(restore), str(RESUME)]
+        argv = [sys.executable, str(restore), str(RESUME), arguments.config]
         subprocess.run(argv, env=workflow_environment(), check=True)
         status["restored_from"] = str(RESUME.relative_to(ROOT))
     date_sources_to_the_epoch()
@@ -290,7 +316,9 @@ def main() -> int:
     status["targets"] = chosen
     print(json.dumps(status["plan"]))
     # No run fits the time left: Snakemake without targets would start them all.
-    status["snakemake_exit"] = run_workflow(chosen, left, out) if chosen else None
+    status["snakemake_exit"] = (
+        run_workflow(chosen, left, out, arguments.config) if chosen else None
+    )
     status["runs_done"] = len(done_runs(config))
     pack_results(config["experiment"], out)
     status["seconds"] = round(time.monotonic() - started, 1)

@@ -1,7 +1,7 @@
 """Resume config/gpu-host-real.yaml on a fresh GPU host from the results a call
 carried back.
 
-    PYTHONPATH=src:SITE python3 tests/gpu/restore_real_server.py RESULTS_TAR
+    PYTHONPATH=src:SITE python3 tests/gpu/restore_real_server.py RESULTS_TAR [CONFIG]
 
 ``real_server_on_gpu_host.py`` runs this when the host has no results yet but a
 call carried ``results.tar.gz`` of an earlier one back in. That archive holds
@@ -132,9 +132,8 @@ def restore_runtime() -> None:
 
 def main() -> None:
     schema = ROOT / "config" / "schema" / "config.schema.yaml"
-    config = check_config(
-        yaml.safe_load(CONFIG.read_text()), schema, [str(CONFIG)], ROOT
-    )
+    path = ROOT / sys.argv[2] if len(sys.argv) > 2 else CONFIG
+    config = check_config(yaml.safe_load(path.read_text()), schema, [str(path)], ROOT)
     results = ROOT / "results" / config["experiment"]
     with tarfile.open(sys.argv[1]) as bundle:
         bundle.extractall(ROOT, filter="data")
