@@ -61,7 +61,9 @@ from sglang.srt.server_args import prepare_server_args
 
 FIELDS = ("model_path", "served_model_name", "host", "port", "mm_feature_transport",
           "disable_radix_cache", "mm_preprocess_cache_size_mb", "mem_fraction_static",
-          "max_total_tokens", "max_running_requests")
+          "max_total_tokens", "max_running_requests", "attention_backend",
+          "sampling_backend", "mm_attention_backend", "load_format", "dtype",
+          "disable_prefill_cuda_graph", "disable_decode_cuda_graph")
 answers = {}
 for case, arguments in json.load(sys.stdin).items():
     errors = io.StringIO()
@@ -379,6 +381,10 @@ def sglang_answers(files, sglang_parser) -> dict[str, dict]:
         for case, plan in every_arms_plan(files).items()
     }
     cases["memory and extra"] = server_arguments(memory_and_extra_arguments(files))
+    cases |= {
+        f"host torch/{name}": server_arguments(plan.command())
+        for name, plan in host_torch_plans(files).items()
+    }
     cases |= UNKNOWN_TO_SGLANG
     answers = sglang_parses(sglang_parser, cases)
     assert set(answers) == set(cases)
@@ -399,10 +405,65 @@ def test_sglang_0_5_23_accepts_every_arm_as_configured(files, sglang_answers):
         assert (resolved["host"], resolved["port"]) == ("127.0.0.1", 30000), case
 
 
+MEMORY_AND_EXTRA_RESOLVED = (
+    "model_path",
+    "served_model_name",
+    "host",
+    "port",
+    "mm_feature_transport",
+    "disable_radix_cache",
+    "mm_preprocess_cache_size_mb",
+    "mem_fraction_static",
+    "max_total_tokens",
+    "max_running_requests",
+)
+
+
+def host_torch_plans(files) -> dict[str, LaunchPlan]:
+    """config/gpu-host-real.yaml's plans, with the 4B-shaped model's dummy load."""
+    config = experiment_config("gpu-host-real")
+    snapshot = {
+        "path": MODEL_PATH,
+        "load_format": "dummy",
+        "settings": config["sglang"]["tiny_model"],
+    }
+    server = ServerSettings.from_config(
+        config,
+        model_snapshot=snapshot,
+        runtime_record={"python": "/usr/bin/python3", "site": "/runtime/site"},
+    )
+    return {
+        arm["name"]: launch_plan(server, Arm.from_config(arm), VARIANT, files.manifest)
+        for arm in config["arms"]
+    }
+
+
+def test_sglang_0_5_23_accepts_the_host_torch_platforms_fallbacks(
+    files, sglang_answers
+):
+    """Every flag the platform adds is one SGLang 0.5.23 knows, and resolves as
+    the platform means it (the stand-ins need these fallbacks)."""
+    for name, plan in host_torch_plans(files).items():
+        answer = sglang_answers[f"host torch/{name}"]
+        assert "error" not in answer, f"{name}: {answer.get('error')}"
+        resolved = answer["resolved"]
+        assert resolved["mm_feature_transport"] == plan.expected.transport, name
+        assert (
+            resolved["attention_backend"],
+            resolved["sampling_backend"],
+            resolved["mm_attention_backend"],
+        ) == ("triton", "pytorch", "sdpa"), name
+        assert resolved["disable_prefill_cuda_graph"] is True, name
+        assert resolved["disable_decode_cuda_graph"] is True, name
+        assert (resolved["load_format"], resolved["dtype"]) == ("dummy", "bfloat16")
+        assert resolved["max_total_tokens"] == 131072, name
+
+
 def test_sglang_0_5_23_parses_memory_and_extra_arguments(sglang_answers):
     answer = sglang_answers["memory and extra"]
     assert "error" not in answer, answer
-    assert answer["resolved"] == {
+    resolved = answer["resolved"]
+    assert {key: resolved[key] for key in MEMORY_AND_EXTRA_RESOLVED} == {
         "model_path": MODEL_PATH,
         "served_model_name": "Qwen/Qwen3-VL-4B-Instruct",
         "host": "127.0.0.1",
