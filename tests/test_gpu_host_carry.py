@@ -104,6 +104,11 @@ def test_a_call_takes_the_next_runs_in_block_order_that_fit_its_time(
     assert plan["pace_s"] == 90.0 and plan["done"] == 3
     assert plan["chosen"] == [f"{arm}/run{run}" for arm, run in order[3:6]]
 
+    chosen, plan = driver.targets(CONFIG, 600)
+    # The last runs fit: the tables come after them in the same call.
+    assert plan["chosen"] == [f"{arm}/run{run}" for arm, run in order[3:]]
+    assert chosen[-1] == "results/real/tables/arms.csv" and len(chosen) == 4
+
     results_of(tmp_path, CONFIG, dict.fromkeys(order[3:], 60.0))
     chosen, plan = driver.targets(CONFIG, 320)
     assert chosen == ["results/real/tables/arms.csv"] and plan["done"] == 6

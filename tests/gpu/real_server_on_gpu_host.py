@@ -188,8 +188,9 @@ def done_runs(config: dict) -> dict[tuple[str, int], float]:
 
 def targets(config: dict, seconds: float) -> tuple[list[str], dict]:
     """The runs still to do that fit, in block order (the launch plans when none
-    fits beside the preparation; nothing when none fits at all), or the tables
-    when none is left; and the plan's figures."""
+    fits beside the preparation; nothing when none fits at all), with the tables
+    when they are the last, or the tables alone when none is left; and the plan's
+    figures."""
     experiment = config["experiment"]
     done = done_runs(config)
     order = execution_order(runs_of(config), config["seed"])
@@ -205,16 +206,19 @@ def targets(config: dict, seconds: float) -> tuple[list[str], dict]:
         "pace_s": round(pace, 1),
         "chosen": [f"{arm}/run{run}" for arm, run in chosen],
     }
+    tables = [f"results/{experiment}/tables/arms.csv"]
     if not left:
-        return [f"results/{experiment}/tables/arms.csv"], plan
+        return tables, plan
     if not chosen and not prepared:
         return [
             f"results/{experiment}/commands/{arm}.json" for arm in runs_of(config)
         ], plan
-    return [
+    runs = [
         str(run_directory(experiment, arm, run).relative_to(ROOT) / "metrics.json")
         for arm, run in chosen
-    ], plan
+    ]
+    # The last runs, and the tables after them when they are done in time.
+    return runs + tables if len(chosen) == len(left) else runs, plan
 
 
 def date_sources_to_the_epoch() -> None:
