@@ -324,14 +324,12 @@ def main() -> int:
         run_workflow(chosen, left, out, arguments.config) if chosen else None
     )
     status["runs_done"] = len(done_runs(config))
+    status["tables_made"] = (results / "tables" / "arms.csv").is_file()
     pack_results(config["experiment"], out)
     status["seconds"] = round(time.monotonic() - started, 1)
     (out / "status.json").write_text(json.dumps(status, indent=2) + "\n")
-    print(
-        json.dumps(
-            {key: status[key] for key in ("runs_done", "snakemake_exit", "seconds")}
-        )
-    )
+    shown = ("runs_done", "tables_made", "snakemake_exit", "seconds")
+    print(json.dumps({key: status[key] for key in shown}))
     return 0 if status["snakemake_exit"] in (0, None) else 1
 
 
