@@ -6,7 +6,8 @@
 # bench_serving runs outside the server's cgroup from the release the arm's variant
 # is made from (its fetched tree, unpatched), in the real server's CPU runtime
 # (rules/runtime.smk), and sends our workload as its `openai` dataset, line for line
-# our client's measured requests (studies/bench_serving_dataset.py). It reads a
+# our client's measured requests (studies/bench_serving_dataset.py), which each pair
+# writes for itself and removes (about 270 kB a 512 px image). It reads a
 # tokenizer from a local folder: the served model's with engine sglang; otherwise
 # the default tiny Qwen3-VL's, which counts an image as its placeholder tokens, as
 # any Qwen-VL template does (the count is bench_serving's input tokens, no figure
@@ -73,27 +74,6 @@ if config.get("client_crosscheck"):
         script:
             "../scripts/tiny_model.py"
 
-    rule crosscheck_dataset:
-        input:
-            workload=workload_of_arm,
-        output:
-            # About 270 kB per 512 px image: kept only while the pairs need it.
-            dataset=temp("results/{experiment}/crosscheck/{arm}/dataset.jsonl"),
-            record="results/{experiment}/crosscheck/{arm}/dataset.json",
-        log:
-            "results/logs/crosscheck_dataset/{experiment}/{arm}.log",
-        wildcard_constraints:
-            arm=re.escape(CROSSCHECK.arm),
-        localrule: True
-        conda:
-            "../envs/workflow.yaml"
-        params:
-            warmup_requests=CLIENT.warmup_requests,
-            requests=CROSSCHECK_ARM.requests,
-            output_tokens=CROSSCHECK_ARM.output_tokens,
-        script:
-            "../scripts/crosscheck_dataset.py"
-
     rule crosscheck_pair:
         input:
             plan=launch_plan_of_arm,
@@ -104,7 +84,6 @@ if config.get("client_crosscheck"):
             image=image_of_arm,
             model=model_of_engine,
             patch=patch_of_arm,
-            dataset=rules.crosscheck_dataset.output.dataset,
             # bench_serving's runtime, its release and its tokenizer.
             runtime=SGLANG_RUNTIME,
             release=lambda wildcards: f"{release_of_arm(wildcards)}/identity.json",
@@ -112,6 +91,7 @@ if config.get("client_crosscheck"):
             tokenizer=crosscheck_tokenizer(),
         output:
             record="results/{experiment}/crosscheck/{arm}/pair{pair}/pair.json",
+            dataset="results/{experiment}/crosscheck/{arm}/pair{pair}/dataset.json",
             ours_metrics="results/{experiment}/crosscheck/{arm}/pair{pair}/ours/metrics.json",
             ours_requests="results/{experiment}/crosscheck/{arm}/pair{pair}/ours/requests.jsonl",
             ours_monitors="results/{experiment}/crosscheck/{arm}/pair{pair}/ours/monitors.json",

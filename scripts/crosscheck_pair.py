@@ -47,7 +47,6 @@ measure_pair(
     plan=LaunchPlan.from_record(read_json(inputs.plan)["launch"]),
     variant=Variant.from_identity(identity),
     workload_manifest=Path(inputs.workload),
-    dataset=Path(inputs.dataset),
     bench=bench,
     client=ClientSettings.from_config(params.client),
     monitors=MonitorSettings.from_config(params.monitors),

@@ -149,7 +149,7 @@ def test_the_result_keys_and_the_dataset_are_the_pinned_releases(sglang_0_5_23):
 
 def pair_rows(pair: int, ours: float, theirs: float, *, valid=True) -> list[dict]:
     common = {"ttft_p50_ms": 100.0, "ttft_p99_ms": 200.0, "e2e_p50_ms": 800.0}
-    common["client_cpu_ms_per_request"] = 1.0
+    common |= {"client_cpu_ms_per_request": 1.0, "main_cpu_ms_per_request": 10.0}
     return [
         {"pair": pair, "client": "ours", "valid": True, "throughput_rps": ours}
         | common,

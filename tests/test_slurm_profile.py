@@ -35,6 +35,7 @@ MEASURING_RULES = {
     "bisect_commits",
     "map_block",
     "spin_throttle",
+    "crosscheck_pair",
 }
 # Every rule that asks for a whole node; an image build measures nothing.
 WHOLE_NODE_RULES = MEASURING_RULES | {"build_image"}

@@ -11,6 +11,7 @@ from serving_study.studies.crosscheck_table import CLIENTS
 
 HEADINGS = {"throughput_rps": "req/s", "ttft_p50_ms": "TTFT p50 (ms)"}
 HEADINGS |= {"ttft_p99_ms": "TTFT p99 (ms)", "e2e_p50_ms": "end-to-end p50 (ms)"}
+HEADINGS |= {"main_cpu_ms_per_request": "server main-process CPU per request (ms)"}
 HEADINGS |= {"client_cpu_ms_per_request": "client CPU per request (ms)"}
 
 
@@ -65,6 +66,7 @@ def runs_table(runs: pd.DataFrame) -> Table:
         "TTFT p99 (ms)": "ttft_p99_ms",
         "end-to-end p50 (ms)": "e2e_p50_ms",
         "server cores used": "cores_used",
+        "server main-process CPU per request (ms)": "main_cpu_ms_per_request",
         "client CPU per request (ms)": "client_cpu_ms_per_request",
         "host's other load (cores)": "host_other_cores",
     }

@@ -37,6 +37,7 @@ RUN_FIGURES = (
     "tpot_p50_ms",
     "itl_p50_ms",
     "main_cpu_percent",
+    "main_cpu_ms_per_request",
     "cores_used",
     "throttled_share",
     "host_other_cores",
@@ -49,6 +50,7 @@ SIDE_BY_SIDE = (
     "ttft_p50_ms",
     "ttft_p99_ms",
     "e2e_p50_ms",
+    "main_cpu_ms_per_request",
     "client_cpu_ms_per_request",
 )
 
