@@ -4,8 +4,8 @@ side with the throughput ratio and its verdict, then every run
 
 import pandas as pd
 
-from serving_study.analysis.numbers import format_number
-from serving_study.report.formatting import ratio_text, text
+from serving_study.analysis.numbers import format_number, is_number
+from serving_study.report.formatting import text
 from serving_study.report.markup import Table
 from serving_study.studies.crosscheck_table import CLIENTS
 
@@ -30,12 +30,12 @@ def summary_table(summary: pd.DataFrame) -> Table:
             for client in CLIENTS:
                 shown[f"{client} {heading}"] = format_number(row[f"{client}_{name}"])
         shown |= {
-            "req/s ratio, ours / bench_serving (median of pairs)": ratio_text(
+            "req/s ratio, ours / bench_serving (median of pairs)": three_places(
                 row["ratio"]
             ),
             "verdict": row["verdict"],
-            "pairs' ratios": f"{ratio_text(row['ratio_min'])} to "
-            f"{ratio_text(row['ratio_max'])}",
+            "pairs' ratios": f"{three_places(row['ratio_min'])} to "
+            f"{three_places(row['ratio_max'])}",
         }
         rows.append(shown)
     return Table(
@@ -46,6 +46,11 @@ def summary_table(summary: pd.DataFrame) -> Table:
         row_classes=[verdict_class(row["verdict"]) for row in rows],
         when_empty="No cross-check ran.",
     )
+
+
+def three_places(ratio) -> str:
+    """A ratio judged to 5%, to three decimal places."""
+    return f"{ratio:.3f}" if is_number(ratio) else "–"
 
 
 def verdict_class(verdict: str) -> str:
