@@ -45,6 +45,7 @@ def test_every_page_with_claims_is_covered():
     assert {page.name for page in PAGES} == {
         "embedded-b1",
         "gpu-host",
+        "gpu-host-real",
         "sglang-cpu",
         "sglang-cpu-fixes",
     }

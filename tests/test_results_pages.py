@@ -154,6 +154,15 @@ PAGES_WITH_CLAIMS = sorted(
 )
 
 
+def experiment_of(results: Path) -> str:
+    """The experiment a page's runs name (gpu-host-real publishes its pilot), or,
+    for a page without runs, the page's name."""
+    (experiment,) = {
+        provenance["experiment"] for provenance in provenances(results)
+    } or {results.name}
+    return experiment
+
+
 def experiment_config(results: Path) -> tuple[Path, dict]:
     """The shipped config whose experiment a results page published, checked."""
     from serving_study.config.validation import check_config
@@ -161,7 +170,7 @@ def experiment_config(results: Path) -> tuple[Path, dict]:
     (path,) = [
         path
         for path in (ROOT / "config").glob("*.yaml")
-        if yaml.safe_load(path.read_text())["experiment"] == results.name
+        if yaml.safe_load(path.read_text())["experiment"] == experiment_of(results)
     ]
     config = yaml.safe_load(path.read_text())
     schema = ROOT / "config" / "schema" / "config.schema.yaml"
