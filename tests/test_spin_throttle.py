@@ -155,8 +155,26 @@ def test_torchs_libgomp_sets_the_spin_counts_the_docs_quote():
     assert targets[THROTTLED_SPIN_COUNT] & targets[THROTTLED_ACTIVE_SPIN_COUNT]
 
 
-def published() -> dict:
-    return json.loads((PUBLISHED / "spin_throttle.json").read_text())
+def published(name: str = "spin_throttle.json") -> dict:
+    return json.loads((PUBLISHED / name).read_text())
+
+
+GPU_HOST_SECTION = "\n## On the GPU host (16 CPUs)\n"
+
+
+def table_rows(figures: dict) -> list[str]:
+    """The page's rows for a measurement: per pool, each spin setting's CPU per
+    worker and gap, with its sleeps per gap in brackets."""
+    cases, rows = by_case(figures), []
+    for pool in figures["settings"]["pool_threads"]:
+        larger = "yes" if cases[(pool, "default")]["more_threads_than_cpus"] else "no"
+        cells = [
+            f"{ms(cases[(pool, spin)]['worker_cpu_ms_per_gap'])} "
+            f"({cases[(pool, spin)]['worker_sleeps_per_gap']:.2f})"
+            for spin in ("default", "0", "infinite")
+        ]
+        rows.append(f"| {pool} | {larger} | {' | '.join(cells)} |")
+    return rows
 
 
 def by_case(figures: dict) -> dict:
@@ -207,18 +225,9 @@ def figures_measured(figures: dict) -> set[str]:
 def test_the_results_page_is_the_published_json():
     figures = published()
     cases, settings, host = by_case(figures), figures["settings"], figures["host"]
-    page = (PUBLISHED / "README.md").read_text()
+    page = (PUBLISHED / "README.md").read_text().split(GPU_HOST_SECTION)[0]
     rows = [line for line in page.splitlines() if re.match(r"\| \d", line)]
-    expected = []
-    for pool in settings["pool_threads"]:
-        larger = "yes" if cases[(pool, "default")]["more_threads_than_cpus"] else "no"
-        cells = [
-            f"{ms(cases[(pool, spin)]['worker_cpu_ms_per_gap'])} "
-            f"({cases[(pool, spin)]['worker_sleeps_per_gap']:.2f})"
-            for spin in ("default", "0", "infinite")
-        ]
-        expected.append(f"| {pool} | {larger} | {' | '.join(cells)} |")
-    assert rows == expected
+    assert rows == table_rows(figures)
 
     text = flat(page)
     started = datetime.fromisoformat(figures["started_at"])
@@ -268,6 +277,62 @@ def test_the_results_page_is_the_published_json():
     assert quoted_figures(page) <= figures_measured(figures)
 
 
+def test_the_gpu_hosts_measurement_is_its_published_json():
+    """The page's section on the H200 host: its table, host, design and figures."""
+    figures = published("spin_throttle_h200.json")
+    settings, host, fit = figures["settings"], figures["host"], fitting_pool(figures)
+    page = (PUBLISHED / "README.md").read_text().split(GPU_HOST_SECTION)[1]
+    rows = [line for line in page.splitlines() if re.match(r"\| \d", line)]
+    assert rows == table_rows(figures)
+    text = flat(page)
+    started = datetime.fromisoformat(figures["started_at"])
+    assert f"Measured on {started:%Y-%m-%d} at {started:%H:%M} UTC" in text
+    assert f"The {len(figures['cases'])} cases took {figures['wall_s']} s" in text
+    assert "project" not in figures and "records no commit" in text
+    pools = " ".join(map(str, settings["pool_threads"]))
+    assert (
+        f"--visible-cpus {settings['visible_cpus']} --pool-threads {pools} --cycles "
+        f"{settings['cycles']} --gap-ms {settings['gap_ms']:g}`" in text
+    )
+    assert f"| CPU | {host['cpus']} visible CPUs ({host['cpu_model']}) |" in text
+    assert f"| Kernel | Linux {host['kernel']} |" in text
+    libgomp = host["libgomp"]
+    assert (
+        f"Python {host['python']}, torch {host['torch']} with its own libgomp "
+        f"(`{libgomp['file']}`, built by {libgomp['built_by']}; it counted "
+        f"{libgomp['cpus']} CPUs)" in text
+    )
+    assert (
+        f"per pool of {in_words(settings['pool_threads'])} intra-op threads and per "
+        f"spin setting, a fresh process on all {settings['visible_cpus']} CPUs: "
+        f"{WARMUP_CYCLES} warm-up and {settings['cycles']} measured cycles of a "
+        f"parallel add ({ELEMENTS_PER_THREAD:,} elements per thread) followed by "
+        f"{settings['gap_ms']:g} ms idle" in text
+    )
+    workers = fit["default"]["workers_that_ran"]
+    assert (
+        f"With {settings['visible_cpus']} threads on {settings['visible_cpus']} CPUs "
+        f"each of the {workers} workers burns "
+        f"{ms(fit['default']['worker_cpu_ms_per_gap'])} per gap with libgomp's "
+        f"default spin count, against {ms(fit['0']['worker_cpu_ms_per_gap'])} with "
+        "`GOMP_SPINCOUNT=0`" in text
+    )
+    assert fit["infinite"]["worker_sleeps_per_gap"] == 0
+    assert f"({ms(fit['infinite']['worker_cpu_ms_per_gap'])}) and never sleeps" in text
+    larger = larger_pools(figures)
+    pools = sorted({case["pool_threads"] for case in larger})
+    assert min(case["worker_sleeps_per_gap"] for case in larger) >= 1
+    assert (
+        f"Pools of {in_words(pools)} threads use {throttled_range(figures)} per "
+        "worker and cycle and sleep in every gap" in text
+    )
+    assert all(
+        case["workers_that_ran"] == case["pool_threads"] - 1
+        for case in figures["cases"]
+    )
+    assert quoted_figures(page) <= figures_measured(figures)
+
+
 def test_the_gpu_host_page_explains_the_map_with_the_published_figures():
     figures = published()
     section = GPU_HOSTS.read_text().split("\n## Why a pool larger than the CPUs")[1]
@@ -296,7 +361,21 @@ def test_the_gpu_host_page_explains_the_map_with_the_published_figures():
         f"Pools of 3, 4 and 8 threads use {throttled_range(figures)} per worker and "
         "gap in all three settings" in text
     )
-    assert quoted_figures(text) <= figures_measured(figures)
+    host_figures = published("spin_throttle_h200.json")
+    on_the_host, settings = fitting_pool(host_figures), host_figures["settings"]
+    cpu = {
+        spin: ms(case["worker_cpu_ms_per_gap"]) for spin, case in on_the_host.items()
+    }
+    assert (
+        f"On the H200 host itself ({settings['visible_cpus']} visible CPUs, a parallel "
+        f"add every {settings['gap_ms']:g} ms) a {settings['visible_cpus']}-thread "
+        f"pool's workers burn {cpu['default']} per gap with the default spin, "
+        f"{cpu['0']} with `GOMP_SPINCOUNT=0` and {cpu['infinite']} with `infinite`; "
+        f"pools of 17-128 threads use {throttled_range(host_figures)}" in text
+    )
+    assert quoted_figures(text) <= figures_measured(figures) | figures_measured(
+        host_figures
+    )
     # The study's quota and the GPU host's, as their configs give them.
     quotas = {
         name: next(
