@@ -88,6 +88,7 @@ def test_the_readme_names_its_stand_ins():
 
 
 GPU_HOST = ROOT / "docs" / "results" / "gpu-host"
+GPU_HOST_REAL = ROOT / "docs" / "results" / "gpu-host-real"
 VERDICTS = "## Verdicts, and where each bound came from"
 
 
@@ -833,6 +834,11 @@ def test_the_real_server_findings_are_the_tables_figures():
             DEFAULT,
             "{arms} arms x {runs} runs, all valid",
         ),
+        (
+            "## SGLang's real server on a GPU host",
+            GPU_HOST_REAL,
+            "{arms} arms x {runs} runs, all valid",
+        ),
     ],
 )
 def test_the_readme_counts_each_experiments_runs(heading, results, shown):
@@ -846,6 +852,169 @@ def test_the_readme_counts_each_experiments_runs(heading, results, shown):
         "total": len(runs),
     }
     assert shown.format(**counts) in flat(section(README, heading))
+
+
+def per_thread_per_request(results: Path):
+    """Per arm, the median over its runs of the main thread's and the other
+    threads' CPU per request: each thread group's share of a core over the run's
+    throughput (percent of a core x 10 / req/s = ms per request)."""
+    import pandas as pd
+
+    runs = pd.read_csv(results / "tables" / "runs.csv")
+    for column in ("main_thread", "other_threads"):
+        runs[column] = runs[f"{column}_cpu_percent"] * 10 / runs["throughput_rps"]
+    return runs.groupby("arm")[["main_thread", "other_threads"]].median()
+
+
+def real_gpu_claims():
+    import pandas as pd
+
+    return pd.read_csv(GPU_HOST_REAL / "tables" / "claims.csv").set_index("claim")
+
+
+def test_the_real_gpu_host_page_matches_its_tables():
+    """docs/results/gpu-host-real/README.md: the arms, verdicts and per-thread
+    tables and the findings, each figure from the page's tables."""
+    import pandas as pd
+
+    def medians(metric: str):
+        return arm_figures(GPU_HOST_REAL, metric)["median"]
+
+    page = GPU_HOST_REAL / "README.md"
+    throughput = arm_figures(GPU_HOST_REAL, "throughput_rps")
+    rows = markdown_rows(section(page, "## The 2x2, cuda_ipc and the passive wait"))
+    assert [row[0] for row in rows] == list(throughput.index)
+    for arm, _, rps, ttft, main, per_request, throttled in rows:
+        figures = throughput.loc[arm]
+        assert rps == (
+            f"{figures['median']:.1f} [{figures['min']:.1f}-{figures['max']:.1f}]"
+        ), arm
+        assert ttft == f"{medians('ttft_p50_ms')[arm]:.0f} ms", arm
+        assert main == f"{medians('main_cpu_percent')[arm]:.0f}%", arm
+        assert per_request == f"{medians('main_cpu_ms_per_request')[arm]:.1f} ms"
+        assert throttled == f"{100 * medians('throttled_share')[arm]:.0f}%", arm
+    claims = real_gpu_claims()
+    verdicts = markdown_rows(section(page, VERDICTS))
+    assert len(verdicts) == len(claims)
+    for name_and_arms, bound, value, meeting, verdict, *_ in verdicts:
+        claim = claims.loc[name_and_arms.split(" (")[0]]
+        assert (bound, verdict) == (claim["bound"], claim["verdict"]), name_and_arms
+        if claim["kind"] == "ratio":
+            assert value == f"{claim['value']:.3f}x", name_and_arms
+            assert meeting == paired_count(claim["detail"]), name_and_arms
+        else:
+            assert value == f"spread {100 * claim['value']:.1f}%", name_and_arms
+    split = per_thread_per_request(GPU_HOST_REAL)
+    body = section(page, "## Where the main process's CPU goes, per thread")
+    rows = markdown_rows(body)
+    assert [row[0] for row in rows] == list(throughput.index)
+    for arm, threads, main, others, main_ms, others_ms, sched, sched_ms in rows:
+        assert threads == f"{medians('torch_threads')[arm]:.0f}", arm
+        assert main == f"{medians('main_thread_cpu_percent')[arm]:.1f}%", arm
+        assert others == f"{medians('other_threads_cpu_percent')[arm]:.1f}%", arm
+        assert main_ms == f"{split.loc[arm, 'main_thread']:.1f} ms", arm
+        assert others_ms == f"{split.loc[arm, 'other_threads']:.1f} ms", arm
+        assert sched == f"{medians('scheduler_cpu_percent')[arm]:.1f}%", arm
+        assert sched_ms == f"{medians('scheduler_cpu_ms_per_request')[arm]:.1f} ms"
+    text = flat(page.read_text())
+    assert runs_wall_s(GPU_HOST_REAL) == pytest.approx(759.0, abs=0.5)
+    assert "the runs took 12 min 39 s together" in text
+    rps, cpu = medians("throughput_rps"), medians("main_cpu_ms_per_request")
+    ratios = pd.read_csv(GPU_HOST_REAL / "tables" / "ratios.csv").set_index("claim")
+    patch, cap = (
+        ratios.loc["patch-recovers-throughput"],
+        ratios.loc["thread-cap-recovers-throughput"],
+    )
+    assert (
+        f"C/A is {patch['ratio_of_medians']:.2f}x and B/A "
+        f"{cap['ratio_of_medians']:.2f}x (blocks {patch['block_ratio_min']:.2f}-"
+        f"{patch['block_ratio_max']:.2f} and {cap['block_ratio_min']:.2f}-"
+        f"{cap['block_ratio_max']:.2f}), against the study's "
+        f"{patch['reference_ratio']:.2f}x and {cap['reference_ratio']:.2f}x" in text
+    )
+    assert f"B and C serve {rps['B']:.1f} and {rps['C']:.1f} req/s" in text
+    spread = claims.loc["fixes-agree", "value"]
+    assert f"agree within {100 * spread:.1f}%" in text
+    cost = claims.loc["original-costs-main-process-cpu", "value"]
+    assert (
+        f"burns {cpu['A']:.1f} ms of CPU per request against {cpu['C']:.1f} ms in C "
+        f"({cost:.1f}x)" in text
+    )
+    throttled = medians("throttled_share")
+    assert f"throttled in {100 * throttled['A']:.0f}% of periods" in text
+    e_over_a = claims.loc["cuda-ipc-avoids-the-copy", "value"]
+    assert f"(E/A {e_over_a:.2f}x; the study: 2.95x)" in text
+    assert f"lightest of all ({cpu['E']:.1f} ms per request" in text
+    passive = throughput.loc["A-passive"]
+    blocks = ratios.loc["passive-wait-recovers-throughput"]
+    assert f"A-passive ranged {passive['min']:.1f}-{passive['max']:.1f} req/s" in text
+    assert (
+        f"(A-passive/A {blocks['block_ratio_min']:.3f} to "
+        f"{blocks['block_ratio_max']:.2f}), so the median "
+        f"({blocks['ratio_of_medians']:.2f}x)" in text
+    )
+    assert f"used {cpu['A-passive']:.1f} ms per request and was throttled in " in text
+    assert f"{100 * throttled['A-passive']:.0f}% of periods" in text
+    assert (
+        f"({split.loc['A', 'main_thread']:.1f} ms per request against "
+        f"{split.loc['C', 'main_thread']:.1f} ms)" in text
+    )
+    others = medians("other_threads_cpu_percent")
+    assert (
+        f"take {others['A']:.1f}% of a core: {split.loc['A', 'other_threads']:.1f} ms "
+        f"per request, against {split.loc['B', 'other_threads']:.1f} ms in B and C"
+        in text
+    )
+    assert (split.loc[["B", "C"], "other_threads"].round(1) == 2.0).all()
+    assert f"at {others['A-passive']:.1f}% of a core for their wake-ups" in text
+    scheduler = medians("scheduler_cpu_percent")
+    per_request = medians("scheduler_cpu_ms_per_request")
+    assert (
+        f"whole core in every arm ({scheduler.min():.1f}-{scheduler.max():.1f}%)"
+        in text
+    )
+    assert f"({per_request.min():.1f}-{per_request.max():.1f} ms)" in text
+    assert f"uses {medians('main_cpu_percent')['E']:.0f}% of a core in all" in text
+
+
+def test_the_readme_quotes_the_real_gpu_host_page():
+    """The README's section and docs/gpu-hosts.md, from the page's tables."""
+    claims = real_gpu_claims()
+    rps = arm_figures(GPU_HOST_REAL, "throughput_rps")["median"]
+    cpu = arm_figures(GPU_HOST_REAL, "main_cpu_ms_per_request")["median"]
+    split = per_thread_per_request(GPU_HOST_REAL)
+    text = flat(section(README, "## SGLang's real server on a GPU host"))
+    assert (
+        f"A {rps['A']:.1f} req/s, B {rps['B']:.1f}, C {rps['C']:.1f}, E (cuda_ipc) "
+        f"{rps['E']:.1f}, A-passive {rps['A-passive']:.1f}" in text
+    )
+    assert (
+        f"spends {cpu['A']:.1f} ms of CPU per request, "
+        f"{split.loc['A', 'other_threads']:.1f} ms of it in torch's 16 OpenMP "
+        f"workers spinning after each copy (B and C: "
+        f"{split.loc['B', 'other_threads']:.1f} ms)" in text
+    )
+    for pair in (
+        ["patch-recovers-throughput", "thread-cap-recovers-throughput"],
+        ["passive-wait-recovers-throughput", "cuda-ipc-avoids-the-copy"],
+        ["original-costs-main-process-cpu"],
+    ):
+        rows = [claims.loc[claim] for claim in pair]
+        line = next(
+            line for line in text.split("- ") if f"= {rows[0]['value']:.3f}x" in line
+        )
+        for row in rows:
+            assert f"{row['value']:.3f}x" in line
+            assert f'against "{row["bound"]}": {verdict_words(row)}' in line
+            assert paired_count(row["detail"]).split(" of ")[0] in line
+    spread = claims.loc["fixes-agree"]
+    assert f"{verdict_words(spread)} (spread {100 * spread['value']:.1f}%)" in text
+    import pandas as pd
+
+    runs = pd.read_csv(GPU_HOST_REAL / "tables" / "runs.csv")
+    docs = flat((DOCS / "gpu-hosts.md").read_text())
+    valid = f"{int(runs['valid'].sum())} of {len(runs)} runs valid"
+    assert f"It ran on our H200 on 2026-12-03, {valid}" in docs
 
 
 def test_the_harness_page_quotes_the_published_harness_figures():

@@ -1,6 +1,10 @@
 """config/gpu-host-real.yaml on our GPU host, one device call at a time.
 
-    python3 tests/gpu/real_server_on_gpu_host.py OUT [--seconds 540] [--config FILE]
+    SERVING_STUDY_CGROUPS_AT_ROOT=1 python3 tests/gpu/real_server_on_gpu_host.py OUT \
+        [--seconds 540] [--config FILE]
+
+(the variable because our device's cgroup has no cpu controller delegated: the quota
+groups are made at the hierarchy's root; without it the arms' preflight fails).
 
 Run from the project root on the host (one H200, Python 3.12 with torch 2.11, no
 network; a call runs 10 minutes at most and carries 64 MiB at most). Each call:
