@@ -37,8 +37,9 @@ rule arm_preflight:
     input:
         host="results/{experiment}/host.json",
         # What the project measured of each fix, for the doctor's prescription:
-        # advice, so a newer published table redoes no preflight (and no run).
-        fixes_tables=ancient(published_fixes_tables()),
+        # advice, so a newer or added published table redoes no preflight (and no
+        # run).
+        published=ancient(published_results()),
     output:
         plan="results/{experiment}/preflight/{arm}.json",
     log:

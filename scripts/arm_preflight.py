@@ -7,6 +7,7 @@ import logging
 import sys
 from pathlib import Path
 
+from serving_study.config.prescription import published_fixes_tables
 from serving_study.config.records import Arm, HostSharing, Workload
 from serving_study.measure.host_sharing import preparation_lock
 from serving_study.servers.host import arm_thread_plan, unmet_needs
@@ -22,7 +23,7 @@ sharing = HostSharing.from_config(snakemake.config["host_sharing"])
 holder = f"preflight of arm {arm.name} of experiment {snakemake.wildcards.experiment}"
 # Its probe starts a Python that imports torch: never beside a measurement.
 with preparation_lock(sharing, holder):
-    (plan,) = arm_thread_plan([arm], snakemake.input.fixes_tables)
+    (plan,) = arm_thread_plan([arm], published_fixes_tables(snakemake.input.published))
 needs = unmet_needs(host, snakemake.params.engine, [arm], [workload])
 if plan["warning"]:
     logging.warning("WARNING: %s", plan["warning"])

@@ -172,6 +172,19 @@ def test_an_edit_that_changes_no_run_plans_no_run(measured_study, tmp_path, edit
     assert {rule for rule, _ in jobs} <= {"aggregate", "report_html", "all"}
 
 
+def test_a_results_page_added_plans_no_run(tmp_path):
+    # A new page brings a new docs/results/*/tables/fixes.csv to quote.
+    workdir = tmp_path / "study"
+    first = workdir / "docs/results/some-study/tables/fixes.csv"
+    first.parent.mkdir(parents=True)
+    first.write_text("arm,fix\n")
+    touch_study(workdir, TEST_CONFIG)
+    added = workdir / "docs/results/another-study/tables/fixes.csv"
+    added.parent.mkdir(parents=True)
+    added.write_text("arm,fix\nB,threads\n")
+    assert planned_jobs(workdir, TEST_CONFIG) == set()
+
+
 def test_a_published_results_file_changed_plans_no_run(tmp_path):
     # The preflight's prescription quotes docs/results/*/tables/fixes.csv.
     workdir = tmp_path / "study"

@@ -52,6 +52,16 @@ def fixes_for(quota_cores: float) -> tuple[Fix, ...]:
     )
 
 
+def published_fixes_tables(results_folders: list[str]) -> list[Path]:
+    """The fixes tables of the results pages in ``results_folders`` (the
+    workflow's docs/results, when there is one)."""
+    return sorted(
+        table
+        for folder in results_folders
+        for table in Path(folder).glob("*/tables/fixes.csv")
+    )
+
+
 def measured_costs(fixes_tables: list[Path]) -> dict[str, list[str]]:
     """Per fix name (its first words), what each results page measured:
     "<experiment>: 2.00x the trap's throughput, 31 ms main-process CPU per
