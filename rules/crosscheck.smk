@@ -11,7 +11,7 @@
 # tokenizer from a local folder: the served model's with engine sglang; otherwise
 # the default tiny Qwen3-VL's, which counts an image as its placeholder tokens, as
 # any Qwen-VL template does (the count is bench_serving's input tokens, no figure
-# of the cross-check). The table judges the throughputs (studies/crosscheck_table.py)
+# of the cross-check). The table judges the throughputs (analysis/crosscheck_table.py)
 # and the report shows it. Part of `all` when configured:
 # `snakemake --cores 1 client_crosscheck --configfile <config> <overlay naming the arm>`.
 

@@ -4,12 +4,12 @@ import logging
 import sys
 from pathlib import Path
 
-from serving_study.config.records import ClientCrosscheck
-from serving_study.studies.crosscheck_table import (
+from serving_study.analysis.crosscheck_table import (
     RUNS_TABLE,
     SUMMARY_TABLE,
     write_tables,
 )
+from serving_study.config.records import ClientCrosscheck
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO)

@@ -17,6 +17,7 @@ import pytest
 import yaml
 from test_client import write_workload
 
+from serving_study.analysis.crosscheck_table import summary_table, verdict
 from serving_study.config.records import ClientCrosscheck
 from serving_study.config.validation import ConfigError, check_config
 from serving_study.measure.chat_requests import load_requests
@@ -30,7 +31,6 @@ from serving_study.studies.bench_serving_result import (
     run_result,
     write_result,
 )
-from serving_study.studies.crosscheck_table import summary_table, verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 RECORDED_RUN = ROOT / "docs" / "results" / "embedded-b1" / "runs" / "C" / "run1"

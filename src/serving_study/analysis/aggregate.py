@@ -27,6 +27,8 @@ import pandas as pd
 
 from serving_study.analysis.attempts import ATTEMPTS_TABLE, attempts_table, tries
 from serving_study.analysis.claims import check_claims, claims_table, ratios_table
+from serving_study.analysis.crosscheck_table import RUNS_TABLE as CROSSCHECK_RUNS_TABLE
+from serving_study.analysis.crosscheck_table import SUMMARY_TABLE as CROSSCHECK_TABLE
 from serving_study.analysis.fix_comparison import FIXES_TABLE, fixes_table
 from serving_study.analysis.release_change import (
     ChangeCriterion,
@@ -39,8 +41,6 @@ from serving_study.analysis.summaries import (
     invalid_runs_table,
     runs_table,
 )
-from serving_study.studies.crosscheck_table import RUNS_TABLE as CROSSCHECK_RUNS_TABLE
-from serving_study.studies.crosscheck_table import SUMMARY_TABLE as CROSSCHECK_TABLE
 
 TABLE_NAMES = ("runs", "arms", "ratios", "invalid_runs", ATTEMPTS_TABLE, "claims")
 # Written only for an experiment whose arms are a release series.

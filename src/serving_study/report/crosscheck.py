@@ -1,13 +1,13 @@
 """Our client against SGLang's bench_serving in the report: both clients side by
 side with the throughput ratio and its verdict, then every run
-(studies/crosscheck_table.py builds both tables)."""
+(analysis/crosscheck_table.py builds both tables)."""
 
 import pandas as pd
 
+from serving_study.analysis.crosscheck_table import CLIENTS
 from serving_study.analysis.numbers import format_number, is_number
 from serving_study.report.formatting import text
 from serving_study.report.markup import Table
-from serving_study.studies.crosscheck_table import CLIENTS
 
 HEADINGS = {"throughput_rps": "req/s", "ttft_p50_ms": "TTFT p50 (ms)"}
 HEADINGS |= {"ttft_p99_ms": "TTFT p99 (ms)", "e2e_p50_ms": "end-to-end p50 (ms)"}

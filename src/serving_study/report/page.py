@@ -21,6 +21,8 @@ from serving_study.analysis.aggregate import (
     MAP_TABLE,
 )
 from serving_study.analysis.attempts import ATTEMPTS_TABLE
+from serving_study.analysis.crosscheck_table import RUNS_TABLE as CROSSCHECK_RUNS_TABLE
+from serving_study.analysis.crosscheck_table import SUMMARY_TABLE as CROSSCHECK_TABLE
 from serving_study.analysis.fix_comparison import FIXES_TABLE
 from serving_study.analysis.summaries import BOOTSTRAP_RESAMPLES, MIN_RUNS_FOR_INTERVAL
 from serving_study.report.charts import chart_specs
@@ -46,8 +48,6 @@ from serving_study.report.tables import (
     runs_table,
 )
 from serving_study.report.verdicts import claims_table, ratios_table, verdict_sentences
-from serving_study.studies.crosscheck_table import RUNS_TABLE as CROSSCHECK_RUNS_TABLE
-from serving_study.studies.crosscheck_table import SUMMARY_TABLE as CROSSCHECK_TABLE
 
 TABLE_TITLES = {
     "arms": "Arms: medians over valid runs, with the study's numbers",

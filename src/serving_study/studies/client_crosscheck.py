@@ -26,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from serving_study.analysis.crosscheck_table import CLIENTS, OURS, THEIRS
 from serving_study.config.records import (
     Arm,
     ClientCrosscheck,
@@ -47,7 +48,6 @@ from serving_study.studies.bench_serving_run import (
     BenchServingPaths,
     run_bench_serving,
 )
-from serving_study.studies.crosscheck_table import CLIENTS, OURS, THEIRS
 
 log = logging.getLogger(__name__)
 
