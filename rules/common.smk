@@ -18,9 +18,9 @@ os.environ.update(
 
 from serving_study.config.arm_order import priority
 from serving_study.config.content_keys import content_key
+from serving_study.config.crosscheck_settings import ClientCrosscheck
 from serving_study.config.records import (
     Arm,
-    ClientCrosscheck,
     ClientSettings,
     HostSharing,
     MonitorSettings,

@@ -51,7 +51,7 @@ rule bench_serving_export:
 
 
 if config.get("client_crosscheck"):
-    from serving_study.config.records import config_values
+    from serving_study.config.record_fields import config_values
     from serving_study.sources.tiny_model_settings import CONFIG_KEYS
     from serving_study.studies.client_crosscheck import crosscheck_arm
 

@@ -9,7 +9,7 @@ from serving_study.analysis.crosscheck_table import (
     SUMMARY_TABLE,
     write_tables,
 )
-from serving_study.config.records import ClientCrosscheck
+from serving_study.config.crosscheck_settings import ClientCrosscheck
 
 sys.stderr = open(snakemake.log[0], "w")
 logging.basicConfig(stream=sys.stderr, level=logging.INFO)

@@ -18,7 +18,7 @@ import yaml
 from test_client import write_workload
 
 from serving_study.analysis.crosscheck_table import summary_table, verdict
-from serving_study.config.records import ClientCrosscheck
+from serving_study.config.crosscheck_settings import ClientCrosscheck
 from serving_study.config.validation import ConfigError, check_config
 from serving_study.measure.chat_requests import load_requests
 from serving_study.measure.request_log import read_request_log

@@ -10,7 +10,7 @@ from test_aggregate import fixture_config, write_fixture_metrics
 
 from serving_study.analysis.aggregate import aggregate, read_tables, write_tables
 from serving_study.analysis.fix_comparison import FIXES_TABLE, TRAP
-from serving_study.config.validation import fixes_problems
+from serving_study.config.section_checks import fixes_problems
 from serving_study.report.page import build_report
 from serving_study.report.settings import ReportSettings
 

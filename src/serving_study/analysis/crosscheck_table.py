@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from serving_study.config.records import ClientCrosscheck
+from serving_study.config.crosscheck_settings import ClientCrosscheck
 
 SUMMARY_TABLE = "client_crosscheck"
 RUNS_TABLE = "client_crosscheck_runs"

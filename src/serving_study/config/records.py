@@ -14,9 +14,8 @@ to rerun it; the job's script builds the record again with ``from_config``.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,12 @@ from serving_study.config.open_loop import (
     open_loop_values,
 )
 from serving_study.config.platform import SGLangPlatform, platform_for, resolve_device
+from serving_study.config.record_fields import (
+    config_values,
+    field_names,
+    given,
+    plain_fields,
+)
 from serving_study.config.schema import property_schema
 
 NO_QUOTA = "none"
@@ -69,55 +74,6 @@ def quota_value(cores: float | None) -> float | str:
     return NO_QUOTA if cores is None else cores
 
 
-def config_values(section: Mapping, names: Iterable[str], *keys: str) -> dict:
-    """``section``'s value of each of ``names``, the key path ``keys`` of the schema
-    saying what one it lacks takes: the default, or None where the schema gives
-    none. A required key that is missing is an error.
-
-    The schema is read only when something is missing: a job's params carry
-    every value (``as_config``), so a job never reads it.
-    """
-    names = tuple(names)
-    missing = [name for name in names if name not in section]
-    if not missing:
-        return {name: section[name] for name in names}
-    schema = property_schema(*keys)
-    absent = [name for name in missing if name in schema.get("required", ())]
-    if absent:
-        raise ValueError(f"{'.'.join(keys)} lacks {', '.join(absent)}")
-    properties = schema["properties"]
-    return {
-        name: section[name]
-        if name in section
-        else copy.deepcopy(properties.get(name, {}).get("default"))
-        for name in names
-    }
-
-
-def _field_names(record: type) -> tuple[str, ...]:
-    return tuple(field.name for field in dataclasses.fields(record))
-
-
-# The field types (annotations are strings here) whose config value a record takes
-# converted as it is; a record builds its other fields itself.
-PLAIN_TYPES = {"str": str, "int": int, "float": float}
-
-
-def _plain_fields(record: type, values: Mapping) -> dict:
-    """``values`` of ``record``'s str, int and float fields, each converted to the
-    type its annotation names."""
-    return {
-        field.name: PLAIN_TYPES[field.type](values[field.name])
-        for field in dataclasses.fields(record)
-        if field.type in PLAIN_TYPES
-    }
-
-
-def _given(values: Mapping) -> dict:
-    """``values`` without the keys that hold nothing (optional keys not set)."""
-    return {name: value for name, value in values.items() if value is not None}
-
-
 @dataclass(frozen=True)
 class Arm:
     """One arm (an item of the config's ``arms``): what each of its runs starts,
@@ -148,11 +104,11 @@ class Arm:
 
     @classmethod
     def from_config(cls, section: Mapping) -> Arm:
-        names = [name for name in _field_names(cls) if name not in OPEN_LOOP_KEYS]
+        names = [name for name in field_names(cls) if name not in OPEN_LOOP_KEYS]
         values = config_values(section, names, "arms")
         threads = values["intra_op_threads"]
         return cls(
-            **_plain_fields(cls, values),
+            **plain_fields(cls, values),
             **open_loop_values(section),
             cpu_quota=quota_cores(values["cpu_quota"]),
             environment={
@@ -217,8 +173,8 @@ class Workload:
 
     @classmethod
     def from_config(cls, section: Mapping) -> Workload:
-        values = config_values(section, _field_names(cls), "workloads")
-        return cls(**_plain_fields(cls, values))
+        values = config_values(section, field_names(cls), "workloads")
+        return cls(**plain_fields(cls, values))
 
     def as_config(self) -> dict:
         return dataclasses.asdict(self)
@@ -237,9 +193,9 @@ class BoundSource:
 
     @classmethod
     def from_config(cls, section: Mapping) -> BoundSource:
-        values = config_values(section, _field_names(cls), "claims", "bound_from")
+        values = config_values(section, field_names(cls), "claims", "bound_from")
         return cls(
-            **_plain_fields(cls, values),
+            **plain_fields(cls, values),
             result=values["result"],
             committed=values["committed"] or None,
         )
@@ -295,7 +251,7 @@ class ServerSettings:
         else:
             section = config.get("sglang", {})
             keys = (*SGLANG_SERVER_KEYS, "device", "torch")
-            values = _given(config_values(section, keys, "sglang"))
+            values = given(config_values(section, keys, "sglang"))
             device = resolve_device(values.pop("device"))
             torch = str(values.pop("torch"))
             platform_for(device, torch)  # refuses a pair no platform has
@@ -303,7 +259,7 @@ class ServerSettings:
         if runtime != "local":
             section = config.get("container", {})
             values = config_values(section, CONTAINER_SERVER_KEYS, "container")
-            sections["container"] = _given(values)
+            sections["container"] = given(values)
         snapshot, built = model_snapshot or {}, runtime_record or {}
         return cls(
             engine=engine,
@@ -360,8 +316,8 @@ class ClientSettings:
 
     @classmethod
     def from_config(cls, section: Mapping) -> ClientSettings:
-        values = config_values(section, _field_names(cls), "client")
-        return cls(**_plain_fields(cls, values))
+        values = config_values(section, field_names(cls), "client")
+        return cls(**plain_fields(cls, values))
 
     def as_config(self) -> dict:
         return dataclasses.asdict(self)
@@ -378,42 +334,14 @@ class MonitorSettings:
 
     @classmethod
     def from_config(cls, section: Mapping) -> MonitorSettings:
-        values = config_values(section, _field_names(cls), "monitors")
+        values = config_values(section, field_names(cls), "monitors")
         if values["gpu"] not in GPU_SAMPLING:
             raise ValueError(f"monitors.gpu {values['gpu']!r}: one of auto, on, off")
-        return cls(**_plain_fields(cls, values), gpu=GPU_SAMPLING[values["gpu"]])
+        return cls(**plain_fields(cls, values), gpu=GPU_SAMPLING[values["gpu"]])
 
     def as_config(self) -> dict:
         gpu = next(name for name, value in GPU_SAMPLING.items() if value is self.gpu)
         return dataclasses.asdict(self) | {"gpu": gpu}
-
-
-@dataclass(frozen=True)
-class ClientCrosscheck:
-    """Our client against SGLang's bench_serving (the config's
-    ``client_crosscheck``): the arm both clients run, how many pairs of runs, the
-    measured requests of each run (None: the arm's) and how close the two
-    throughputs must be."""
-
-    arm: str
-    pairs: int
-    requests: int | None
-    tolerance: float
-
-    @classmethod
-    def from_config(cls, section: Mapping) -> ClientCrosscheck:
-        values = config_values(section, _field_names(cls), "client_crosscheck")
-        requests = values["requests"]
-        return cls(
-            **_plain_fields(cls, values),
-            requests=None if requests is None else int(requests),
-        )
-
-    def as_config(self) -> dict:
-        return _given(dataclasses.asdict(self))
-
-    def measured_requests(self, arm: Arm) -> int:
-        return self.requests or arm.requests
 
 
 @dataclass(frozen=True)
@@ -432,12 +360,12 @@ class HostSharing:
 
     @classmethod
     def from_config(cls, section: Mapping) -> HostSharing:
-        values = config_values(section, _field_names(cls), "host_sharing")
+        values = config_values(section, field_names(cls), "host_sharing")
         if values["lock"] not in LOCK_MODES:
             raise ValueError(
                 f"host_sharing.lock {values['lock']!r}: one of {LOCK_MODES}"
             )
-        return cls(**_plain_fields(cls, values), lock_file=Path(values["lock_file"]))
+        return cls(**plain_fields(cls, values), lock_file=Path(values["lock_file"]))
 
     def as_config(self) -> dict:
         return dataclasses.asdict(self) | {"lock_file": str(self.lock_file)}

@@ -15,13 +15,21 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import jsonschema
-from packaging.version import InvalidVersion, Version
 
 from serving_study.config.deprecated_keys import replace_deprecated_keys
-from serving_study.config.records import quota_cores
 from serving_study.config.schema import config_schema, load_schema, property_schema
 from serving_study.config.secrets import secret_problems
-from serving_study.config.server_arguments import server_argument_conflicts
+from serving_study.config.section_checks import (
+    bisect_problems,
+    crosscheck_problems,
+    fixes_problems,
+    host_torch_problems,
+    must_name,
+    release_series_problems,
+    server_argument_problems,
+    thread_quota_map_problems,
+    tiny_model_problems,
+)
 
 
 class ConfigError(ValueError):
@@ -129,13 +137,6 @@ def _duplicates(records: Sequence[dict], collection: str) -> list[str]:
     ]
 
 
-def _must_name(value, known: Iterable[str], where: str, what: str) -> list[str]:
-    known = list(known)
-    if value in known:
-        return []
-    return [f"{where}: {value!r} names no {what} (known: {', '.join(known) or 'none'})"]
-
-
 def reference_problems(config: dict, project_root: Path) -> list[str]:
     """Names that must be unique or must refer to a record defined elsewhere."""
     problems: list[str] = []
@@ -146,7 +147,7 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
     for index, variant in enumerate(config.get("variants", [])):
         where = f"variants[{index}]"
         source = sources.get(variant["source"], {})
-        problems += _must_name(variant["source"], sources, f"{where}.source", "source")
+        problems += must_name(variant["source"], sources, f"{where}.source", "source")
         if "patch" in variant and not (project_root / variant["patch"]).is_file():
             problems.append(
                 f"{where}.patch: {variant['patch']!r} does not exist; put the patch "
@@ -166,7 +167,7 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
     for index, arm in enumerate(config.get("arms", [])):
         where = f"arms[{index}]"
         for key, known in (("variant", variant_names), ("workload", workload_names)):
-            problems += _must_name(arm[key], known, f"{where}.{key}", key)
+            problems += must_name(arm[key], known, f"{where}.{key}", key)
         if config.get("engine") == "embedded" and arm.get("server_args"):
             problems.append(
                 f"{where}.server_args: only engine 'sglang' takes server arguments"
@@ -192,7 +193,7 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
             )
 
     for index, reference in enumerate(config.get("reference", {}).get("arms", [])):
-        problems += _must_name(
+        problems += must_name(
             reference["arm"], arm_names, f"reference.arms[{index}].arm", "arm"
         )
     problems += fixes_problems(config.get("fixes"), config.get("arms", []))
@@ -201,9 +202,9 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
         where = f"claims[{index}]"
         for key in ("numerator", "denominator"):
             if key in claim:
-                problems += _must_name(claim[key], arm_names, f"{where}.{key}", "arm")
+                problems += must_name(claim[key], arm_names, f"{where}.{key}", "arm")
         for position, arm in enumerate(claim.get("arms", [])):
-            problems += _must_name(arm, arm_names, f"{where}.arms[{position}]", "arm")
+            problems += must_name(arm, arm_names, f"{where}.arms[{position}]", "arm")
         has_ratio = "numerator" in claim and "denominator" in claim
         if not has_ratio and not claim.get("arms"):
             problems.append(
@@ -223,175 +224,6 @@ def reference_problems(config: dict, project_root: Path) -> list[str]:
     problems += thread_quota_map_problems(config, variant_names, workload_names)
     problems += crosscheck_problems(config, arm_names)
     problems += server_argument_problems(config)
-    return problems
-
-
-def host_torch_problems(config: dict) -> list[str]:
-    """The host's torch (sglang.torch: host) is a local GPU server's choice."""
-    sglang = config.get("sglang", {})
-    if config.get("engine") != "sglang" or sglang.get("torch") != "host":
-        return []
-    problems = []
-    if sglang.get("device") != "cuda":
-        problems.append(
-            "sglang.torch: host needs sglang.device: cuda (on CPU the workflow "
-            "builds SGLang's pinned stack; auto could resolve to cpu)"
-        )
-    if config.get("runtime") != "local":
-        problems.append(
-            "sglang.torch: host needs runtime: local (an image has SGLang's own stack)"
-        )
-    return problems
-
-
-def tiny_model_problems(tiny_model: dict | None) -> list[str]:
-    """A shape other than tiny fixes every size itself."""
-    if not tiny_model or tiny_model.get("shape", "tiny") == "tiny":
-        return []
-    sizes = property_schema("sglang", "tiny_model")["properties"]
-    return [
-        f"sglang.tiny_model.{key}: {tiny_model[key]} sets a size of shape tiny; "
-        f"shape {tiny_model['shape']} has its own, so leave it out"
-        for key in (
-            "text_hidden_size",
-            "text_layers",
-            "vision_hidden_size",
-            "vision_depth",
-        )
-        if key in tiny_model and tiny_model[key] != sizes[key]["default"]
-    ]
-
-
-def server_argument_problems(config: dict) -> list[str]:
-    """Extra SGLang arguments that would set a flag a config key sets, in any
-    spelling SGLang's parser takes (``--hos=0.0.0.0`` sets --host)."""
-    extra = config.get("sglang", {}).get("extra_server_args", [])
-    problems = server_argument_conflicts(extra, "sglang.extra_server_args")
-    for index, arm in enumerate(config.get("arms", [])):
-        problems += server_argument_conflicts(
-            arm.get("server_args", []), f"arms[{index}].server_args"
-        )
-    return problems
-
-
-def fixes_problems(fixes: dict | None, arms: list[dict]) -> list[str]:
-    """The "which fix" section compares like with like: every arm it names exists,
-    each fix runs under the baseline's quota, and each without_quota arm has none."""
-    if not fixes:
-        return []
-    quota_of = {arm["name"]: arm.get("cpu_quota") for arm in arms}
-    baseline_quota = quota_of.get(fixes["baseline"]["arm"])
-    problems = []
-    entries = [("fixes.baseline", fixes["baseline"])] + [
-        (f"fixes.fixes[{index}]", fix) for index, fix in enumerate(fixes["fixes"])
-    ]
-    for where, entry in entries:
-        for key in ("arm", "without_quota"):
-            if key not in entry:
-                continue
-            named = entry[key]
-            if named not in quota_of:
-                problems += _must_name(named, quota_of, f"{where}.{key}", "arm")
-            elif key == "without_quota" and quota_cores(quota_of[named]) is not None:
-                problems.append(
-                    f"{where}.without_quota: arm {named!r} runs under a quota "
-                    f"({quota_of[named]}); give it cpu_quota: none"
-                )
-            elif key == "arm" and quota_of[named] != baseline_quota:
-                problems.append(
-                    f"{where}.arm: arm {named!r} runs under quota "
-                    f"{quota_of[named]}, the baseline under {baseline_quota}; "
-                    "a fix is compared under the same quota"
-                )
-    return problems
-
-
-def thread_quota_map_problems(
-    config: dict, variant_names: list[str], workload_names: list[str]
-) -> list[str]:
-    """The map names known variants and a workload, and runs the embedded engine
-    on this host (it forces intra-op threads and rewrites a live cgroup's quota)."""
-    settings = config.get("thread_quota_map")
-    if not settings:
-        return []
-    problems = []
-    for index, variant in enumerate(settings["variants"]):
-        problems += _must_name(
-            variant, variant_names, f"thread_quota_map.variants[{index}]", "variant"
-        )
-    problems += _must_name(
-        settings["workload"], workload_names, "thread_quota_map.workload", "workload"
-    )
-    if config.get("engine") != "embedded" or config.get("runtime") != "local":
-        problems.append(
-            "thread_quota_map: the map needs engine 'embedded' and runtime 'local' "
-            "(it forces the main process's intra-op threads and changes the quota "
-            "of the running server's cgroup)"
-        )
-    quotas = [quota_cores(quota) for quota in settings["cpu_quotas"]]
-    if len(set(quotas)) != len(quotas):
-        problems.append("thread_quota_map.cpu_quotas: a quota is listed twice")
-    return problems
-
-
-def crosscheck_problems(config: dict, arm_names: list[str]) -> list[str]:
-    """The client cross-check names a closed-loop arm: bench_serving 0.5.23 draws
-    its own Poisson arrivals, with no burstiness, so an open loop's would differ."""
-    settings = config.get("client_crosscheck")
-    if not settings:
-        return []
-    where = "client_crosscheck.arm"
-    problems = _must_name(settings["arm"], arm_names, where, "arm")
-    arm = next((arm for arm in config["arms"] if arm["name"] == settings["arm"]), {})
-    if arm.get("request_rate") is not None:
-        problems.append(
-            f"{where}: arm {settings['arm']!r} sets request_rate; the cross-check "
-            "compares closed loops (bench_serving 0.5.23 draws its own arrivals)"
-        )
-    return problems
-
-
-def release_series_problems(config: dict) -> list[str]:
-    """A release series lists its PyPI releases in ascending version order."""
-    if not config.get("release_series"):
-        return []
-    variants = {variant["name"]: variant for variant in config.get("variants", [])}
-    sources = {source["name"]: source for source in config.get("sources", [])}
-    problems = []
-    previous = None
-    for index, arm in enumerate(config.get("arms", [])):
-        source = sources.get(variants.get(arm["variant"], {}).get("source"), {})
-        if "pypi" not in source:
-            continue
-        try:
-            version = Version(source["pypi"]["version"])
-        except InvalidVersion:
-            problems.append(
-                f"arms[{index}]: release {source['pypi']['version']!r} is not a "
-                "PyPI version, so the release order cannot be checked"
-            )
-            continue
-        if previous is not None and version <= previous[1]:
-            problems.append(
-                f"arms[{index}]: release {version} comes after {previous[1]} "
-                f"(arms[{previous[0]}]); with release_series the arms must list "
-                "releases in ascending order, each once"
-            )
-        previous = (index, version)
-    return problems
-
-
-def bisect_problems(config: dict, arm_names: list[str]) -> list[str]:
-    """The commit bisect names an arm of the config and two different ends."""
-    bisect = config.get("bisect")
-    if not bisect:
-        return []
-    problems = _must_name(bisect["arm"], arm_names, "bisect.arm", "arm")
-    if bisect["good"] == bisect["bad"]:
-        problems.append(
-            "bisect: good and bad are the same revision; give the older commit "
-            "(before the change) as good and the newer one as bad"
-        )
     return problems
 
 

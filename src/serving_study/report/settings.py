@@ -14,7 +14,8 @@ from typing import Self
 
 from serving_study.analysis.release_change import ChangeCriterion
 from serving_study.config.platform import SGLangPlatform, platform_for
-from serving_study.config.records import Arm, config_values
+from serving_study.config.record_fields import config_values
+from serving_study.config.records import Arm
 from serving_study.sources.tiny_model_settings import TINY
 
 OPTIONAL_KEYS = ("description", "reference", "release_series", "change_criterion")

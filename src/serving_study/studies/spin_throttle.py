@@ -67,7 +67,7 @@ class SpinThrottleSettings:
     def from_config(cls, section: Mapping) -> SpinThrottleSettings:
         # Imported here: the schema needs PyYAML, and the command line runs where
         # torch may be the only package installed.
-        from serving_study.config.records import config_values
+        from serving_study.config.record_fields import config_values
 
         names = [field.name for field in dataclasses.fields(cls)]
         values = config_values(section, names, "spin_throttle")
