@@ -188,3 +188,15 @@ def test_the_findings_quote_the_tables():
     ttft = [format_number(real[f"{client}_ttft_p50_ms"]) for client in CLIENTS]
     assert f"{ttft[0]} ms against {ttft[1]}" in text
     assert f"about {1 - 1 / real['ratio']:.0%} lower" in text
+
+
+def test_the_readme_quotes_each_experiments_ratio_and_verdict():
+    readme = (ROOT / "README.md").read_text()
+    quoted = {}
+    for experiment in EXPERIMENTS:
+        summary, _ = tables(experiment)
+        quoted[experiment] = f"{summary['ratio']:.3f}x", summary["verdict"]
+    ratio, verdict = quoted["crosscheck-embedded"]
+    assert f"{ratio} its throughput on the embedded engine (**{verdict}**)" in readme
+    ratio, verdict = quoted["crosscheck-sglang-cpu"]
+    assert f"{ratio} on the real server on CPU (**{verdict}**:" in readme
