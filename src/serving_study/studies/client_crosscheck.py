@@ -27,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from serving_study.analysis.crosscheck_table import CLIENTS, OURS, THEIRS
+from serving_study.config.crosscheck_settings import ClientCrosscheck
 from serving_study.config.records import (
     Arm,
-    ClientCrosscheck,
     ClientSettings,
     HostSharing,
     MonitorSettings,
