@@ -18,7 +18,6 @@ import dataclasses
 import logging
 import os
 import time
-import traceback
 from pathlib import Path
 
 from serving_study.config.records import (
@@ -34,6 +33,7 @@ from serving_study.measure.host_sharing import MeasurementLock
 from serving_study.measure.run_failure import (
     ArmFailed,
     FailedOutsideTheArm,
+    failure_reason,
     termination_as_interrupt,
 )
 from serving_study.measure.run_metrics import failed_run_metrics, summarize_run
@@ -182,10 +182,7 @@ def run_arm(
     except Exception as failure:
         # ArmFailed says why; anything else is a fault of this run alone, and the
         # study goes on (an interrupt is not an Exception: it ends the job).
-        reason = str(failure)
-        if not isinstance(failure, ArmFailed):
-            reason = f"unexpected {type(failure).__name__}: {failure}"
-            provenance["traceback"] = traceback.format_exc()
+        reason = failure_reason(failure, provenance)
         log.error("run failed: %s", reason)
         metrics = failed_run_metrics(
             recorded_arm,

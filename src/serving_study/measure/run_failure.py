@@ -5,6 +5,7 @@ A run that cannot be measured raises `ArmFailed`, and the study goes on.
 
 import contextlib
 import signal
+import traceback
 
 
 class ArmFailed(RuntimeError):
@@ -14,6 +15,16 @@ class ArmFailed(RuntimeError):
 class FailedOutsideTheArm(ArmFailed):
     """The run could not be measured for a reason that is not the arm's (its
     server never became healthy, though the same settings served before)."""
+
+
+def failure_reason(failure: Exception, provenance: dict) -> str:
+    """The reason a run that raised ``failure`` records: ArmFailed's message, or
+    any other exception's type and message, its traceback kept in ``provenance``
+    (call it from the ``except`` clause)."""
+    if isinstance(failure, ArmFailed):
+        return str(failure)
+    provenance["traceback"] = traceback.format_exc()
+    return f"unexpected {type(failure).__name__}: {failure}"
 
 
 @contextlib.contextmanager

@@ -25,7 +25,6 @@ import os
 import subprocess
 import threading
 import time
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +38,11 @@ from serving_study.launch.plan import LaunchPlan
 from serving_study.measure.host_load import HostLoadMeter
 from serving_study.measure.monitors import RunMonitors
 from serving_study.measure.process_counters import cpu_seconds_and_threads
-from serving_study.measure.run_failure import ArmFailed, FailedOutsideTheArm
+from serving_study.measure.run_failure import (
+    ArmFailed,
+    FailedOutsideTheArm,
+    failure_reason,
+)
 from serving_study.measure.run_metrics import (
     cpu_per_request,
     failed_run_metrics,
@@ -233,10 +236,7 @@ def run_bench_serving(
         if inline:
             _invalid(metrics, f"{inline} images went inline {SHM_WAS_FULL}")
     except Exception as failure:
-        reason = str(failure)
-        if not isinstance(failure, ArmFailed):
-            reason = f"unexpected {type(failure).__name__}: {failure}"
-            provenance["traceback"] = traceback.format_exc()
+        reason = failure_reason(failure, provenance)
         log.error("bench_serving run failed: %s", reason)
         metrics = failed_run_metrics(
             arm,
