@@ -196,3 +196,12 @@ def test_the_readme_quotes_the_second_gpu_session():
         f"with {e_over_a.loc['2026-12-01', 'value']:.3f} in the first" in text
     )
     assert e_over_a.loc["2026-12-01", "verdict"] == "holds"
+
+
+def test_a_claim_of_other_arms_is_not_compared_across_sessions():
+    """gpu-host-real's pilot judged fixes-agree on B and C, its main session on B, C
+    and D: two claims of one name, each of one session, neither flipping."""
+    claims, _ = repeatability_tables(RESULTS / "gpu-host-real")
+    agree = claims[claims["claim"] == "fixes-agree"]
+    assert sorted(agree["ratio"]) == ["B, C within", "B, C, D within"]
+    assert set(agree["between_sessions"]) == {"one session"}

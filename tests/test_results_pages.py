@@ -155,8 +155,9 @@ PAGES_WITH_CLAIMS = sorted(
 
 
 def experiment_of(results: Path) -> str:
-    """The experiment a page's runs name (gpu-host-real publishes its pilot), or,
-    for a page without runs, the page's name."""
+    """The experiment a page's runs name (a page may publish another config's,
+    as gpu-host-real once published its pilot), or, for a page without runs, the
+    page's name."""
     (experiment,) = {
         provenance["experiment"] for provenance in provenances(results)
     } or {results.name}

@@ -37,6 +37,9 @@ from serving_study.analysis.numbers import is_number
 from serving_study.analysis.summaries import runs_table
 
 FLIPS = "flips"
+# A claim is the same across sessions only where its name, its arms and its bound
+# are: a config may add an arm to a claim of the same name.
+SAME_CLAIM = ["claim", "ratio", "bound"]
 
 
 @dataclass(frozen=True)
@@ -240,7 +243,7 @@ def repeatability_tables(page: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     claims = pd.DataFrame(
         [row for session in sessions for row in claim_figures(session)]
     )
-    claims["between_sessions"] = claims.groupby("claim")["verdict"].transform(across)
+    claims["between_sessions"] = claims.groupby(SAME_CLAIM)["verdict"].transform(across)
     arms = pd.DataFrame([row for session in sessions for row in arm_figures(session)])
     arms = arms.sort_values(["arm", "metric"], kind="stable")
     return claims, arms.reset_index(drop=True)

@@ -6,7 +6,7 @@ import math
 
 import pandas as pd
 
-from serving_study.analysis.repeatability import FLIPS
+from serving_study.analysis.repeatability import FLIPS, SAME_CLAIM
 from serving_study.metric_catalogue import METRICS
 
 
@@ -47,7 +47,7 @@ def section(claims: pd.DataFrame, arms: pd.DataFrame) -> str:
     names = list(sessions["session"])
     lines += ["", f"| claim | bound | {' | '.join(names)} | between sessions |"]
     lines.append("|---|---|" + "---|" * len(names) + "---|")
-    for claim, rows in claims.groupby("claim", sort=False):
+    for (claim, _, _), rows in claims.groupby(SAME_CLAIM, sort=False):
         cells = {row.session: cell(row) for row in rows.itertuples()}
         first = rows.iloc[0]
         values = " | ".join(cells.get(name, "–") for name in names)
@@ -88,7 +88,7 @@ def what_varies(claims: pd.DataFrame, arms: pd.DataFrame) -> str:
                 f"{between:.1%} apart, its runs within one session at most "
                 f"{within:.1%})"
             )
-    for _, rows in claims.groupby("claim", sort=False):
+    for _, rows in claims.groupby(SAME_CLAIM, sort=False):
         within = (rows["block_max"] - rows["block_min"]).max()
         if len(rows) > 1 and not math.isnan(within):
             ratio = rows["ratio"].iloc[0]
@@ -109,8 +109,8 @@ def what_varies(claims: pd.DataFrame, arms: pd.DataFrame) -> str:
         else "nothing varied more between sessions than within one"
     )
     sentence += f"; {listed(steady)} varied less." if steady else "."
-    for claim, rows in claims[claims["between_sessions"] == FLIPS].groupby(
-        "claim", sort=False
+    for (claim, _, _), rows in claims[claims["between_sessions"] == FLIPS].groupby(
+        SAME_CLAIM, sort=False
     ):
         by_verdict = rows.groupby("verdict", sort=False)["session"].agg(list)
         sentence += (
