@@ -295,6 +295,20 @@ BAD_CONFIGS = {
 }
 
 
+def test_a_server_argument_the_platform_sets_is_refused_before_any_job():
+    """On the host-torch platform SGLang's Triton attention stands in for
+    sgl-kernel's: an arm that asks for another backend fails the config check."""
+    config = yaml.safe_load((ROOT / "config" / "gpu-host-real.yaml").read_text())
+    config["arms"][0]["server_args"] = ["--attention-backend", "fa3"]
+    with pytest.raises(ConfigError) as raised:
+        check(config)
+    assert (
+        "bad.yaml: arms[0].server_args[0]: '--attention-backend' sets "
+        "--attention-backend, which the platform for sglang.device cuda with "
+        "sglang.torch host sets (config/platform.py)"
+    ) in str(raised.value)
+
+
 @pytest.mark.parametrize("case", sorted(BAD_CONFIGS))
 def test_bad_config_is_named_in_one_line(case):
     break_config, expected = BAD_CONFIGS[case]

@@ -217,6 +217,22 @@ def test_extra_arguments_may_not_override_a_config_key(
         plan_of("p4", arm, files, sglang={"extra_server_args": extra})
 
 
+def test_extra_arguments_may_not_override_the_platforms_flags(files):
+    """The CPU platform's attention backend is what its runs are described by: an
+    extra argument setting it, in any spelling, is refused there, and passes on a
+    GPU host with SGLang's own stack, whose platform sets no backend."""
+    arm = first_arm("p4")
+    extra = {"extra_server_args": ["--cuda-graph-max-bs", "16", "--attention-back=fa3"]}
+    with pytest.raises(ServerArgumentConflict) as raised:
+        plan_of("p4", arm, files, device="cpu", tiny=True, sglang=extra)
+    assert str(raised.value).startswith(
+        "sglang.extra_server_args[2]: '--attention-back=fa3' sets --attention-backend,"
+        " which the platform for sglang.device cpu with sglang.torch pinned sets"
+    )
+    on_gpu = plan_of("p4", arm, files, sglang=extra)
+    assert on_gpu.argv[-1] == "--attention-back=fa3"
+
+
 # Spellings SGLang's parser (argparse, abbreviations allowed) takes for a flag
 # that a config key sets, and the flag each one sets.
 ABBREVIATED_FLAGS = [

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from packaging.version import InvalidVersion, Version
 
+from serving_study.config.platform import platform_for, resolve_device
 from serving_study.config.records import quota_cores
 from serving_study.config.schema import property_schema
 from serving_study.config.server_arguments import server_argument_conflicts
@@ -179,12 +180,21 @@ def tiny_model_problems(tiny_model: dict | None) -> list[str]:
 
 
 def server_argument_problems(config: dict) -> list[str]:
-    """Extra SGLang arguments that would set a flag a config key sets, in any
-    spelling SGLang's parser takes (``--hos=0.0.0.0`` sets --host)."""
-    extra = config.get("sglang", {}).get("extra_server_args", [])
-    problems = server_argument_conflicts(extra, "sglang.extra_server_args")
+    """Extra SGLang arguments that would set a flag a config key or the real
+    server's platform sets, in any spelling SGLang's parser takes
+    (``--hos=0.0.0.0`` sets --host)."""
+    sglang = config.get("sglang", {})
+    platform = None
+    if config.get("engine") == "sglang":
+        try:
+            device = resolve_device(sglang.get("device", "auto"))
+            platform = platform_for(device, sglang.get("torch", "pinned"))
+        except ValueError:
+            pass  # a pair no platform has: host_torch_problems says so
+    extra = sglang.get("extra_server_args", [])
+    problems = server_argument_conflicts(extra, "sglang.extra_server_args", platform)
     for index, arm in enumerate(config.get("arms", [])):
         problems += server_argument_conflicts(
-            arm.get("server_args", []), f"arms[{index}].server_args"
+            arm.get("server_args", []), f"arms[{index}].server_args", platform
         )
     return problems

@@ -1,9 +1,14 @@
-"""Extra server arguments may not set again what a config key already sets.
+"""Extra server arguments may not set again what a config key or the platform
+already sets.
 
-The real server's command line is built from config keys (``launch/sglang.py``);
-an extra argument that sets one of those flags would silently win over the key, so the
-config check refuses it before any job runs.
+The real server's command line is built from config keys and the platform's flags
+(``launch/sglang.py``, ``config/platform.py``); an extra argument that sets one of
+those flags would silently win over the key, or take the server off the path the
+platform's stand-ins and the report's list of differences assume, so the config
+check refuses it before any job runs.
 """
+
+from serving_study.config.platform import SGLangPlatform
 
 # Flags the server's command line sets from config keys, with SGLang's aliases.
 FLAGS_FROM_CONFIG = {
@@ -28,9 +33,26 @@ FLAGS_HIDING_ARGUMENTS = {
 }
 
 
-def server_argument_conflicts(arguments: list[str], where: str) -> list[str]:
-    """One line per argument that would set a flag of ``FLAGS_FROM_CONFIG`` or
-    ``FLAGS_HIDING_ARGUMENTS``, in any spelling SGLang's parser takes.
+def platform_flags(platform: SGLangPlatform) -> dict[str, str]:
+    """The flags a platform puts on every server's command line, each with why an
+    extra argument may not set it."""
+    return {
+        token: (
+            f"the platform for sglang.device {platform.device} with sglang.torch "
+            f"{platform.torch} sets (config/platform.py): the path this platform's "
+            "runs are described by"
+        )
+        for token in platform.server_flags
+        if token.startswith("--")
+    }
+
+
+def server_argument_conflicts(
+    arguments: list[str], where: str, platform: SGLangPlatform | None = None
+) -> list[str]:
+    """One line per argument that would set a flag of ``FLAGS_FROM_CONFIG``,
+    ``FLAGS_HIDING_ARGUMENTS`` or the ``platform``'s, in any spelling SGLang's
+    parser takes.
 
     SGLang parses with argparse, which takes ``--flag value``, ``--flag=value`` and
     any unambiguous prefix of ``--flag`` (``--hos=0.0.0.0``), so every ``--``
@@ -42,6 +64,8 @@ def server_argument_conflicts(arguments: list[str], where: str) -> list[str]:
         flag: f"comes from {origin}; set it there instead"
         for flag, origin in FLAGS_FROM_CONFIG.items()
     } | FLAGS_HIDING_ARGUMENTS
+    if platform is not None:
+        why |= platform_flags(platform)
     conflicts = []
     for position, argument in enumerate(arguments):
         spelled = argument.split("=", 1)[0]

@@ -45,7 +45,8 @@ CONTAINER_MODELS_DIRECTORY = PurePosixPath("/models")
 
 
 class ServerArgumentConflict(ValueError):
-    """Extra server arguments set a flag that a config key already sets."""
+    """Extra server arguments set a flag that a config key or the platform already
+    sets."""
 
 
 def model_directory_name(model: str) -> str:
@@ -125,8 +126,10 @@ def sglang_server_arguments(
     arguments += ["--served-model-name", served_model_name(sglang_settings)]
     extra = list(sglang_settings.get("extra_server_args", []))
     arm_args = list(arm.server_args)
-    conflicts = server_argument_conflicts(extra, "sglang.extra_server_args")
-    conflicts += server_argument_conflicts(arm_args, f"arms[{arm.name}].server_args")
+    conflicts = server_argument_conflicts(extra, "sglang.extra_server_args", platform)
+    conflicts += server_argument_conflicts(
+        arm_args, f"arms[{arm.name}].server_args", platform
+    )
     if conflicts:
         raise ServerArgumentConflict("; ".join(conflicts))
     return arguments + extra + arm_args
