@@ -28,6 +28,13 @@ from serving_study.servers.owners import alive, owner_of
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIG = ROOT / "config" / "test" / "config.yaml"
+# Secrets a study's arm passes to its server by name (secret_environment), with
+# values that must reach the server and no file (tests/test_secrets.py). The second
+# name does not look secret: only secret_environment says so.
+STUDY_SECRETS = {
+    "HF_TOKEN": "sk-serving-study-canary-1234",
+    "STUDY_PROBE_VALUE": "serving-study-canary-5678",
+}
 
 
 def arm_record(**fields) -> records.Arm:
