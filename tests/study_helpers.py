@@ -422,10 +422,12 @@ def rerun_finishes_valid(
     workdir: Path, config: Path | tuple[Path, ...], experiment: str
 ) -> subprocess.CompletedProcess:
     """``--rerun-incomplete`` finishes the study: every run valid and counted in
-    its arm's medians, none in the table of invalid runs."""
+    its arm's medians, none in the table of invalid runs. With ``--cores 2``, as
+    the tests' whole studies run: preparation jobs two at a time, while a run
+    still owns the host (its rule asks for every core)."""
     resumed = subprocess.run(
         snakemake_command(
-            workdir, "--cores", "1", "all", "--rerun-incomplete", config=config
+            workdir, "--cores", "2", "all", "--rerun-incomplete", config=config
         ),
         capture_output=True,
         text=True,

@@ -350,7 +350,7 @@ def study_with_secrets(
 def run_study_with_secrets(workdir: Path, config: Path) -> dict:
     """Run ``all`` with the canaries in Snakemake's environment; the arm's checks."""
     finished = subprocess.run(
-        snakemake_command(workdir, "--cores", "1", "all", config=config),
+        snakemake_command(workdir, "--cores", "2", "all", config=config),
         capture_output=True,
         text=True,
         timeout=1800,
