@@ -2,11 +2,12 @@
 the CPU server runtime, built once; a Docker engine that answers, or a skip."""
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
 import yaml
-from study_helpers import docker
+from study_helpers import STUDY_SECRETS, docker, snakemake_command
 
 from serving_study.config.platform import CPU_RUNTIME_LOCK
 from serving_study.sources.fetch import fetch_source
@@ -125,7 +126,7 @@ def transport_sources_0_5_23_patched(transport_sources_0_5_23, tmp_path_factory)
     return patched
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def docker_engine():
     """Skip unless a Docker engine answers and holds the local base image."""
     problem = engine_answers("docker")
@@ -137,3 +138,29 @@ def docker_engine():
         )
     if docker("image", "inspect", BASE_IMAGE, check=False).returncode != 0:
         pytest.skip(f"the base image {BASE_IMAGE} is missing: .ci/container-engine.sh")
+
+
+@pytest.fixture(scope="session")
+def docker_study(docker_engine, tmp_path_factory) -> Path:
+    """config/test/docker.yaml run for real by Snakemake: two images, two arms, the
+    first arm passing STUDY_SECRETS to its server by name. The container tests
+    (tests/test_container_runtime.py) and the secrets tests (tests/test_secrets.py)
+    read the one study; Snakemake's output is kept in it as snakemake.out."""
+    workdir = tmp_path_factory.mktemp("docker-study")
+    config = ROOT / "config/test/docker.yaml"
+    arms = yaml.safe_load(config.read_text())["arms"]
+    arms[0] |= {"secret_environment": sorted(STUDY_SECRETS)}
+    with_secrets = workdir.parent / "docker-study-secrets.yaml"
+    with_secrets.write_text(yaml.safe_dump({"arms": arms}))
+    finished = subprocess.run(
+        snakemake_command(
+            workdir, "--cores", "2", "all", config=(config, with_secrets)
+        ),
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        env=os.environ | STUDY_SECRETS,
+    )
+    (workdir / "snakemake.out").write_text(finished.stdout + finished.stderr)
+    assert finished.returncode == 0, finished.stdout[-4000:] + finished.stderr[-4000:]
+    return workdir

@@ -28,6 +28,13 @@ from serving_study.servers.owners import alive, owner_of
 
 ROOT = Path(__file__).resolve().parents[1]
 TEST_CONFIG = ROOT / "config" / "test" / "config.yaml"
+# Secrets a study's arm passes to its server by name (secret_environment), with
+# values that must reach the server and no file (tests/test_secrets.py). The second
+# name does not look secret: only secret_environment says so.
+STUDY_SECRETS = {
+    "HF_TOKEN": "sk-serving-study-canary-1234",
+    "STUDY_PROBE_VALUE": "serving-study-canary-5678",
+}
 
 
 def arm_record(**fields) -> records.Arm:
@@ -415,10 +422,12 @@ def rerun_finishes_valid(
     workdir: Path, config: Path | tuple[Path, ...], experiment: str
 ) -> subprocess.CompletedProcess:
     """``--rerun-incomplete`` finishes the study: every run valid and counted in
-    its arm's medians, none in the table of invalid runs."""
+    its arm's medians, none in the table of invalid runs. With ``--cores 2``, as
+    the tests' whole studies run: preparation jobs two at a time, while a run
+    still owns the host (its rule asks for every core)."""
     resumed = subprocess.run(
         snakemake_command(
-            workdir, "--cores", "1", "all", "--rerun-incomplete", config=config
+            workdir, "--cores", "2", "all", "--rerun-incomplete", config=config
         ),
         capture_output=True,
         text=True,

@@ -25,7 +25,6 @@ from study_helpers import (
     assert_ran_as_planned,
     container_plan,
     docker,
-    snakemake_command,
 )
 
 from serving_study.config.records import ServerSettings
@@ -478,22 +477,6 @@ def test_cuda_wheels_are_refused():
 
 
 # --- Real containers (Docker) ------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def docker_study(docker_engine, tmp_path_factory) -> Path:
-    """config/test/docker.yaml run for real by Snakemake: two images, two arms."""
-    workdir = tmp_path_factory.mktemp("docker-study")
-    finished = subprocess.run(
-        snakemake_command(
-            workdir, "--cores", "1", "all", config=ROOT / "config/test/docker.yaml"
-        ),
-        capture_output=True,
-        text=True,
-        timeout=1800,
-    )
-    assert finished.returncode == 0, finished.stdout[-4000:] + finished.stderr[-4000:]
-    return workdir
 
 
 @pytest.fixture(scope="module")

@@ -72,7 +72,7 @@ def test_results_turning_read_only_mid_study_fail_it_and_keep_what_was_measured(
     with open(log_path, "w") as log:
         snakemake = subprocess.Popen(
             ["unshare", "--mount", "--propagation", "private"]
-            + snakemake_command(workdir, "--cores", "1", "all", config=config),
+            + snakemake_command(workdir, "--cores", "2", "all", config=config),
             stdout=log,
             stderr=subprocess.STDOUT,
         )
@@ -115,7 +115,7 @@ def test_ctrl_c_while_an_arm_container_serves_leaves_nothing(docker_engine, tmp_
         first_arm_only=True,
     )
     log_path = tmp_path / "interrupted.log"
-    command = snakemake_command(workdir, "--cores", "1", "all", config=config)
+    command = snakemake_command(workdir, "--cores", "2", "all", config=config)
     with terminal_job(command, log_path) as snakemake:
         run = wait_for(lambda: serving_run(workdir, experiment), snakemake, 1800)
         assert serving_container_owner(snakemake, experiment), "no container"

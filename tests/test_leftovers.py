@@ -371,6 +371,32 @@ def test_a_watchdog_refused_removes_again_and_logs_each_refusal(tmp_path):
             kill(runner)
 
 
+# Takes half a second to remove, as a daemon stopping a container does.
+SLOW_RUNTIME = """#!/bin/sh
+sleep 0.5
+echo "$@" >> "{calls}"
+"""
+
+
+def test_a_watchdog_finishes_its_removal_when_signalled_again(tmp_path):
+    """A dying runner's threads exit one after another, and the kernel sends the
+    parent-death signal again each time the watchdog passes to the next: the
+    removal must survive those later SIGTERMs."""
+    from serving_study.servers.container_watchdog import watch
+
+    calls = tmp_path / "calls.txt"
+    runtime = tmp_path / "slow-docker"
+    runtime.write_text(SLOW_RUNTIME.format(calls=calls))
+    runtime.chmod(0o755)
+    watchdog = watch(str(runtime), "container-under-watch", tmp_path / "log")
+    time.sleep(0.5)  # the watchdog waits for its signal
+    watchdog.send_signal(signal.SIGTERM)
+    time.sleep(0.2)  # the removal under way
+    watchdog.send_signal(signal.SIGTERM)
+    assert watchdog.wait(timeout=30) == 0
+    assert lines(calls) == ["rm --force --volumes -- container-under-watch"]
+
+
 def lines(path: Path) -> list[str]:
     return path.read_text().splitlines()
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from study_helpers import arm_record, container_plan, snakemake_command
+from study_helpers import STUDY_SECRETS, arm_record, container_plan, snakemake_command
 
 from serving_study.config.records import (
     Arm,
@@ -42,9 +42,10 @@ from serving_study.servers.host import unmet_needs
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA = ROOT / "config" / "schema" / "config.schema.yaml"
 TEST_CONFIG = ROOT / "config" / "test" / "config.yaml"
-CANARY = "sk-serving-study-canary-1234"
+CANARY = STUDY_SECRETS["HF_TOKEN"]
 # Passed under a name that does not look secret: only secret_environment says so.
-PLAIN_NAME, PLAIN_NAME_CANARY = "STUDY_PROBE_VALUE", "serving-study-canary-5678"
+PLAIN_NAME = "STUDY_PROBE_VALUE"
+PLAIN_NAME_CANARY = STUDY_SECRETS[PLAIN_NAME]
 CANARIES = (CANARY.encode(), PLAIN_NAME_CANARY.encode())
 
 
@@ -349,11 +350,11 @@ def study_with_secrets(
 def run_study_with_secrets(workdir: Path, config: Path) -> dict:
     """Run ``all`` with the canaries in Snakemake's environment; the arm's checks."""
     finished = subprocess.run(
-        snakemake_command(workdir, "--cores", "1", "all", config=config),
+        snakemake_command(workdir, "--cores", "2", "all", config=config),
         capture_output=True,
         text=True,
         timeout=1800,
-        env=os.environ | {"HF_TOKEN": CANARY, PLAIN_NAME: PLAIN_NAME_CANARY},
+        env=os.environ | STUDY_SECRETS,
     )
     assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
     assert not any(
@@ -395,14 +396,14 @@ def test_a_study_passes_secrets_to_its_server_and_writes_them_nowhere(tmp_path):
 @pytest.mark.slow
 @pytest.mark.docker
 def test_a_study_in_containers_passes_secrets_by_name_and_writes_them_nowhere(
-    docker_engine, tmp_path
+    docker_study,
 ):
-    workdir, config = study_with_secrets(
-        tmp_path, ROOT / "config/test/docker.yaml", "secrets-docker"
-    )
-    metrics = run_study_with_secrets(workdir, config)
-    assert_delivered_and_nowhere(workdir, metrics)
-    run = workdir / "results/secrets-docker/original/run1"
+    """The container tests' study (conftest.py), whose first arm names both
+    secrets; Snakemake's output is among its files."""
+    run = docker_study / "results/test-docker/original/run1"
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert_delivered_and_nowhere(docker_study, metrics)
+    assert (docker_study / "snakemake.out").is_file()
     provenance = json.loads((run / "provenance.json").read_text())
     argv = provenance["runtime_argv"]
     assert argv[argv.index("HF_TOKEN") - 1] == "--env"
@@ -410,7 +411,7 @@ def test_a_study_in_containers_passes_secrets_by_name_and_writes_them_nowhere(
     # The container ran unprivileged, from the image id the build wrote.
     assert argv[argv.index("--cap-drop") + 1] == "ALL"
     image_id = (
-        (workdir / "results/secrets-docker/images/original.iid").read_text().strip()
+        (docker_study / "results/test-docker/images/original.iid").read_text().strip()
     )
     assert provenance["image_run"] == provenance["image"] == image_id
 

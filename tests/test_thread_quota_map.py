@@ -265,7 +265,7 @@ def test_a_real_map_runs_in_blocks_with_both_variants_side_by_side(tmp_path):
     workdir = tmp_path / "work"
     workdir.mkdir()
     finished = subprocess.run(
-        snakemake_command(workdir, "--cores", "1", "all", config=config_file),
+        snakemake_command(workdir, "--cores", "2", "all", config=config_file),
         capture_output=True,
         text=True,
         timeout=900,

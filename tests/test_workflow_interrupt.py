@@ -50,7 +50,7 @@ def interrupt_then_resume(tmp_path: Path, signal_number: int) -> None:
     results = workdir / "results" / EXPERIMENT
     config = fault_study_config(TEST_CONFIG, EXPERIMENT, tmp_path, first_arm_only=True)
     log_path = tmp_path / "interrupted.log"
-    command = snakemake_command(workdir, "--cores", "1", "all", config=config)
+    command = snakemake_command(workdir, "--cores", "2", "all", config=config)
     with terminal_job(command, log_path) as snakemake:
         run = wait_for(lambda: serving_run(workdir, EXPERIMENT), snakemake)
         assert not list(results.glob("*/run*/metrics.json")), "not the first arm"

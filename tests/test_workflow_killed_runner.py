@@ -51,7 +51,7 @@ def kill_serving_runner(
     first.log beside it) until an arm's server serves; then SIGKILL, in the
     measured window, to that arm's runner: the pid ``find_runner`` finds from
     the Snakemake process. Snakemake must fail; the runner's pid is returned."""
-    command = snakemake_command(workdir, "--cores", "1", "all", config=config)
+    command = snakemake_command(workdir, "--cores", "2", "all", config=config)
     with terminal_job(command, workdir.parent / "first.log") as snakemake:
         wait_for(lambda: serving_run(workdir, experiment), snakemake, timeout_s)
         runner = find_runner(snakemake)

@@ -41,7 +41,7 @@ def finished_study(tmp_path_factory, sglang_cpu_runtime) -> Path:
     lend_runtime(workdir, sglang_cpu_runtime)
     (workdir / "started").touch()
     finished = subprocess.run(
-        snakemake_command(workdir, "--cores", "1", "all", config=CONFIG),
+        snakemake_command(workdir, "--cores", "2", "all", config=CONFIG),
         capture_output=True,
         text=True,
         timeout=1800,

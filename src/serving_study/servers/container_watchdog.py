@@ -5,7 +5,8 @@
 A container is the runtime's child, not the runner's, so it outlives a runner
 killed outright. ``watch`` starts this process once the container runs, with
 the parent-death signal set (``parent_death.told_of_parent_death``): it waits,
-and when the runner dies the kernel sends it SIGTERM and it runs
+and when the runner dies the kernel sends it SIGTERM (again as each of the
+runner's threads exits; those are ignored) and it runs
 ``RUNTIME rm --force --volumes CONTAINER`` until the container is gone, noting
 each refusal in LOG (the run's server log). A runner that ends normally removes
 the container itself and then stops the watchdog. Should the watchdog die with
@@ -81,6 +82,10 @@ def main(arguments: list[str]) -> int:
     runtime, container, log_path = arguments
     # SIGTERM is blocked since before exec, so one sent meanwhile waits here.
     signal.sigwait({signal.SIGTERM})
+    # More follow: the kernel sends the parent-death signal again each time the
+    # watchdog passes to another thread of the dying runner, as its threads exit
+    # one after another. They must not cut the removal short.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGTERM})
     return remove_until_gone(runtime, container, Path(log_path))
 

@@ -41,7 +41,8 @@ def killed_with_parent() -> None:
 
 def told_of_parent_death() -> None:
     """The child gets SIGTERM when its parent dies, held pending until it waits
-    for it with ``signal.sigwait`` (a watchdog that must act, not just die)."""
+    for it with ``signal.sigwait`` (a watchdog that must act, not just die); once
+    per thread of a dying multithreaded parent, so it must ignore the rest."""
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     _signal_on_parent_death(signal.SIGTERM)
 
