@@ -30,6 +30,7 @@ if config.get("bisect"):
             good=config["bisect"]["good"],
             bad=config["bisect"]["bad"],
             runs=config["bisect"]["runs"],
+            repeats=config["bisect"]["repeats"],
             arm=BISECT_ARM.as_config(),
             server=SERVER.as_config(),
             client=CLIENT.as_config(),

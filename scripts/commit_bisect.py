@@ -39,6 +39,7 @@ result = run_commit_bisect(
         criterion=ChangeCriterion.from_config(dict(params.criterion)),
         sources_dir=Path(params.sources_dir),
         probes_dir=Path(snakemake.output.probes),
+        repeats=int(params.repeats),
         seed=int(params.seed),
     ),
 )

@@ -15,8 +15,11 @@ drift of the host between probes cannot move a probe to the wrong side:
 - like good and unlike bad: the change came later, the probe is good;
 - unlike good and like bad: the change came at or before it, the probe is bad;
 - like both, unlike both, ends of its block that do not differ, or too few valid
-  runs anywhere: the probe is undecided, the search stops, and the result names
-  the commits it could not narrow down.
+  runs anywhere: the probe is undecided. A busy minute on the host can stretch one
+  run across the other side's range, so an undecided probe is measured again in a
+  fresh block, up to ``repeats`` times; if it stays undecided (or its commit cannot
+  be loaded at all) the search stops, and the result names the commits it could
+  not narrow down.
 
 It ends when a good and a bad probe are neighbours: the bad one is the first
 commit that changed the figure, and "found" means that each neighbour met the
@@ -138,12 +141,13 @@ def search(
     measure: Callable[[str, str, int], Measurement],
     criterion: ChangeCriterion,
     seed: int = 0,
+    repeats: int = 0,
 ) -> dict:
     """Bisect ``commits`` (oldest, the good end, first; the bad end last).
 
     ``measure(commit, role, block)`` runs one commit and returns its Measurement.
-    Returns the result: status, the first bad commit when found, and every
-    measurement.
+    An undecided probe gets up to ``repeats`` more blocks. Returns the result:
+    status, the first bad commit when found, and every measurement.
     """
     if len(commits) < 2:
         raise BisectError("a bisect needs two different commits, good and bad")
@@ -162,7 +166,7 @@ def search(
     status, reason = FOUND, ""
     if not ends.changed:
         status, reason = ENDS_ALIKE, f"good and bad: {ends.verdict} ({ends.detail})"
-    block = 0
+    block = repeated = 0
     while status == FOUND and high - low > 1:
         block += 1
         middle = (low + high) // 2
@@ -188,9 +192,17 @@ def search(
         )
         log.info("commit %s: %s (%s)", commits[middle], side or "undecided", why)
         if side == GOOD:
-            low = middle
+            low, repeated = middle, 0
         elif side == BAD:
-            high = middle
+            high, repeated = middle, 0
+        elif repeated < repeats and "unmeasurable" not in probes[probe_index].details:
+            repeated += 1
+            log.info(
+                "commit %s: measuring its block again (%d of %d)",
+                commits[middle],
+                repeated,
+                repeats,
+            )
         else:
             status = INCONCLUSIVE
             reason = (
@@ -253,6 +265,7 @@ class ProbeSettings:
     criterion: ChangeCriterion
     sources_dir: Path
     probes_dir: Path
+    repeats: int = 0
     seed: int = 0
 
 
@@ -345,6 +358,7 @@ def run_commit_bisect(good: str, bad: str, settings: ProbeSettings) -> dict:
         lambda commit, role, block: measure_commit(commit, role, block, settings),
         settings.criterion,
         seed=settings.seed,
+        repeats=settings.repeats,
     )
     return {
         "experiment": settings.experiment,
@@ -353,6 +367,7 @@ def run_commit_bisect(good: str, bad: str, settings: ProbeSettings) -> dict:
         "bad": {"revision": bad, "commit": commits[-1]},
         "arm": settings.arm.as_config(),
         "runs_per_probe": settings.runs,
+        "repeats_when_undecided": settings.repeats,
         **result,
         "started_at": started,
         "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
