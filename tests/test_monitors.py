@@ -189,6 +189,34 @@ def test_an_undisturbed_idle_server_is_not_marked_as_changed(tmp_path):
     assert figures["scheduler_cpu_percent"] < 10
 
 
+def test_the_series_reaches_the_windows_end_even_within_one_period(tmp_path):
+    """A run of a few fast requests can end before the first 10 Hz sample: the
+    time since the last periodic sample is one more sample, so the series still
+    covers the window (the report draws each run's CPU from it)."""
+    server = FakeServer(tmp_path, busy_scheduler=True)
+    monitors = RunMonitors(server.process.pid, None, gpu=False)
+    try:
+        monitors.discover()
+        monitors.start_window()
+        time.sleep(0.03)
+        short = monitors.stop_window()
+        monitors.start_window()
+        time.sleep(0.35)
+        longer = monitors.stop_window()
+    finally:
+        monitors.stop()
+        server.close()
+    for figures in (short, longer):
+        series = figures["series"]
+        assert series[-1]["t"] == pytest.approx(
+            figures["window"]["wall_seconds"], abs=1e-4
+        )
+        assert series[-1]["scheduler_cpu_percent"] is not None
+        assert figures["window"]["samples"] == len(series)
+    assert len(short["series"]) == 1
+    assert 4 <= len(longer["series"]) <= 5  # three or four periodic, then the tail
+
+
 def test_server_below_an_init_process_in_a_quota_group(tmp_path):
     try:
         group = CpuQuotaGroup.create(f"test-{uuid.uuid4().hex[:10]}", 0.5)

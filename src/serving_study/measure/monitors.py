@@ -63,6 +63,7 @@ class _Window:
     main_environment: dict[str, str | None]
     thread_run_time_at_start: dict[int, int] = field(default_factory=dict)
     series: list[dict] = field(default_factory=list)
+    last_reading: CounterReading | None = None
     main_thread_counts: list[int] = field(default_factory=list)
     active_threads_per_interval: list[int] = field(default_factory=list)
     gpu: GpuSamples = field(default_factory=GpuSamples)
@@ -150,6 +151,12 @@ class RunMonitors:
         self._end_thread()
         cost_started = time.thread_time()
         end = read_counters(window.processes, self.group)
+        # The series ends at the window's end: the time since the last periodic
+        # sample is one more, shorter sample, so a window shorter than one period
+        # still has its sample.
+        last = window.last_reading or window.start
+        if end.at > last.at:
+            window.series.append(self._sample(window, last, end))
         host_load = self.host_load.stop() if self.host_load is not None else None
         thread_run_time_at_end = self._read_threads(window.processes)
         group_pids_at_end = self.group.pids() if self.group is not None else []
@@ -205,7 +212,7 @@ class RunMonitors:
                 reading = read_counters(window.processes, self.group)
                 self._note_missing_processes(window, reading)
                 window.series.append(self._sample(window, previous, reading))
-                previous = reading
+                previous = window.last_reading = reading
                 now = reading.at
                 if thread_period is not None and now >= next_thread_sample:
                     current = self._read_threads(window.processes)
