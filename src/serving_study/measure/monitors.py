@@ -63,7 +63,7 @@ class _Window:
     main_environment: dict[str, str | None]
     thread_run_time_at_start: dict[int, int] = field(default_factory=dict)
     series: list[dict] = field(default_factory=list)
-    last_reading: CounterReading | None = None
+    last_span: tuple[CounterReading, CounterReading] | None = None
     main_thread_counts: list[int] = field(default_factory=list)
     active_threads_per_interval: list[int] = field(default_factory=list)
     gpu: GpuSamples = field(default_factory=GpuSamples)
@@ -151,12 +151,7 @@ class RunMonitors:
         self._end_thread()
         cost_started = time.thread_time()
         end = read_counters(window.processes, self.group)
-        # The series ends at the window's end: the time since the last periodic
-        # sample is one more, shorter sample, so a window shorter than one period
-        # still has its sample.
-        last = window.last_reading or window.start
-        if end.at > last.at:
-            window.series.append(self._sample(window, last, end))
+        self._close_series(window, end)
         host_load = self.host_load.stop() if self.host_load is not None else None
         thread_run_time_at_end = self._read_threads(window.processes)
         group_pids_at_end = self.group.pids() if self.group is not None else []
@@ -165,6 +160,23 @@ class RunMonitors:
         self._window = None
         figures = self._figures(window, end, thread_run_time_at_end, group_pids_at_end)
         return figures | {"host_load": host_load}
+
+    def _close_series(self, window: _Window, end: CounterReading) -> None:
+        """Make the series end at the window's end, so that a window shorter than
+        one period still has its sample. The time since the last periodic sample
+        is one more sample, or, when shorter than half a period, joins the last
+        one: CPU counters tick every 10 ms, and a sample of a few ms alone in its
+        bin would draw as a spike of hundreds of percent."""
+        since = window.start
+        if window.last_span is not None:
+            before_last, last = window.last_span
+            if end.at - last.at >= 0.5 / self.sample_hz:
+                since = last
+            else:
+                window.series.pop()
+                since = before_last
+        if end.at > since.at:
+            window.series.append(self._sample(window, since, end))
 
     def stop(self) -> None:
         """End the sampling thread and release NVML; safe to call at any time."""
@@ -212,7 +224,8 @@ class RunMonitors:
                 reading = read_counters(window.processes, self.group)
                 self._note_missing_processes(window, reading)
                 window.series.append(self._sample(window, previous, reading))
-                previous = window.last_reading = reading
+                window.last_span = (previous, reading)
+                previous = reading
                 now = reading.at
                 if thread_period is not None and now >= next_thread_sample:
                     current = self._read_threads(window.processes)
