@@ -30,6 +30,7 @@ from serving_study.studies.commit_bisect import (
     FOUND,
     GOOD,
     INCONCLUSIVE,
+    UNMEASURABLE,
     Measurement,
     block_order,
     search,
@@ -314,7 +315,7 @@ def test_a_commit_that_cannot_be_loaded_is_not_measured_again():
         measured.append(commit)
         if commit == "c1":
             unmeasured = Spread(math.nan, math.nan, math.nan, 0)
-            return Measurement(unmeasured, {"unmeasurable": "no ShmPointerMMData"})
+            return Measurement(unmeasured, {UNMEASURABLE: "no ShmPointerMMData"})
         return Measurement(FAST if commit == "c0" else SLOW)
 
     result = search(commits, measure, ChangeCriterion(), repeats=3)

@@ -75,6 +75,10 @@ FOUND = "found"
 ENDS_ALIKE = "ends do not differ"
 INCONCLUSIVE = "inconclusive"
 
+# The key of a Measurement's details that says its commit could not be loaded:
+# measuring it again would tell nothing new.
+UNMEASURABLE = "unmeasurable"
+
 
 @dataclass(frozen=True)
 class Probe:
@@ -195,7 +199,7 @@ def search(
             low, repeated = middle, 0
         elif side == BAD:
             high, repeated = middle, 0
-        elif repeated < repeats and "unmeasurable" not in probes[probe_index].details:
+        elif repeated < repeats and UNMEASURABLE not in probes[probe_index].details:
             repeated += 1
             log.info(
                 "commit %s: measuring its block again (%d of %d)",
@@ -265,7 +269,7 @@ class ProbeSettings:
     criterion: ChangeCriterion
     sources_dir: Path
     probes_dir: Path
-    repeats: int = 0
+    repeats: int
     seed: int = 0
 
 
@@ -305,9 +309,7 @@ def measure_commit(
         load_variant_transport(Path(variant.sglang_python_root))
     except VariantSourceError as error:
         log.error("commit %s cannot be loaded: %s", commit, error)
-        return Measurement(
-            Spread.of_values([]), {**details, "unmeasurable": str(error)}
-        )
+        return Measurement(Spread.of_values([]), {**details, UNMEASURABLE: str(error)})
 
     arm = replace(settings.arm, name=variant.name, variant=variant.name)
     records = []
